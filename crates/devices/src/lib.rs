@@ -1,0 +1,27 @@
+//! Devices of a hakoniwa VM and the buses that reach them.
+//!
+//! `legacy` holds the PC platform devices a stock kernel expects (16550
+//! serial, i8042 reset line, the ACPI power-management registers) and the
+//! debug-exit port that lets a guest end the VM with an exit status.
+
+pub mod bus;
+pub mod legacy;
+
+pub use bus::{Bus, BusDevice, BusError, SharedDevice};
+
+use std::sync::Arc;
+
+/// A request from the guest to end the VM, raised by a platform device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlatformExit {
+    /// ACPI soft-off (S5).
+    PowerOff,
+    /// ACPI reset register or i8042 CPU reset.
+    Reboot,
+    /// A byte written to the debug-exit port: the VMM's exit status.
+    DebugExit(u8),
+}
+
+/// Where platform devices report [`PlatformExit`]s; the VMM decides what
+/// they mean (e.g. stop every vCPU and exit).
+pub type ExitNotifier = Arc<dyn Fn(PlatformExit) + Send + Sync>;
