@@ -1,0 +1,224 @@
+//! The vocabulary shared by the API server, the client and the VMM.
+//!
+//! The server never talks to the VMM in HTTP terms: it turns every request
+//! into an [`ApiAction`], hands it to a [`VmController`], and turns the
+//! [`ApiResponse`] or [`ApiError`] back into HTTP. Keeping the VMM side free of
+//! HTTP means the VMM can be tested (and later driven by other front ends)
+//! without a socket, and the HTTP side can be tested without a VM.
+
+use serde::{Deserialize, Serialize};
+
+/// Lifecycle state of the VM as seen by the API.
+///
+/// Serialized in `snake_case` (`"running"`, `"paused"`, `"shutting_down"`) so
+/// that scripts can compare against stable lowercase strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmState {
+    /// The vCPUs are executing guest code.
+    Running,
+    /// The vCPUs are parked; guest memory and device state are kept.
+    Paused,
+    /// A shutdown was requested or the guest is powering off; further
+    /// lifecycle actions are expected to be refused.
+    ShuttingDown,
+}
+
+/// One emulated device, described generically so that new device kinds do
+/// not need a schema change.
+///
+/// `resources` are human-readable strings such as `"io 0x3f8-0x3ff"`,
+/// `"mmio 0xd0000000+0x1000"` or `"irq 4"`: they are for operators and
+/// debugging, not for machine parsing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    /// Stable identifier of the device within this VM (e.g. `"com1"`).
+    pub id: String,
+    /// Device kind (e.g. `"serial"`, `"virtio-blk"`); `"type"` on the wire.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Guest-visible resources claimed by the device.
+    #[serde(default)]
+    pub resources: Vec<String>,
+}
+
+/// Answer to `GET /api/v1/vm.info`: what is running and how it was booted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmInfo {
+    /// Current lifecycle state.
+    pub state: VmState,
+    /// Number of vCPUs.
+    pub vcpus: u32,
+    /// Guest RAM size in MiB.
+    pub memory_mib: u64,
+    /// Path of the kernel image the VM was booted from.
+    pub kernel: String,
+    /// Kernel command line passed to the guest.
+    pub cmdline: String,
+    /// Boot protocol used (e.g. `"linux-boot"`, `"pvh"`).
+    pub boot_protocol: String,
+    /// Emulated devices.
+    #[serde(default)]
+    pub devices: Vec<DeviceInfo>,
+}
+
+/// Answer to `GET /api/v1/vmm.ping`: proves the VMM is alive and says which
+/// build it is, so a client can detect a version mismatch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmmVersion {
+    /// Version string of the VMM (typically its crate version).
+    pub version: String,
+}
+
+/// JSON body of every non-2xx response, so clients have one shape to parse.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Human-readable, single-line explanation.
+    pub error: String,
+}
+
+/// Everything the API can ask the VMM to do (Firecracker-style single enum).
+///
+/// Adding an endpoint means adding a variant here and its route in
+/// [`crate::endpoints`]; the compiler then points at every match that needs
+/// the new variant (the VMM's [`VmController`] among them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiAction {
+    /// Liveness check; answered with [`ApiResponse::Pong`].
+    Ping,
+    /// Describe the VM; answered with [`ApiResponse::VmInfo`].
+    VmInfo,
+    /// Park all vCPUs; answered with [`ApiResponse::Empty`].
+    Pause,
+    /// Resume paused vCPUs; answered with [`ApiResponse::Empty`].
+    Resume,
+    /// Stop the VM and exit the VMM; answered with [`ApiResponse::Empty`]
+    /// before the VMM actually exits.
+    Shutdown,
+}
+
+/// Successful result of an [`ApiAction`].
+///
+/// Serialized untagged: the HTTP body is just the payload (`Empty` becomes a
+/// `204 No Content` and has no body), so the wire format stays the plain
+/// Cloud Hypervisor shape rather than exposing the Rust enum.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum ApiResponse {
+    /// Action done, nothing to report (HTTP 204).
+    Empty,
+    /// Answer to [`ApiAction::Ping`].
+    Pong(VmmVersion),
+    /// Answer to [`ApiAction::VmInfo`].
+    VmInfo(VmInfo),
+}
+
+/// Refusal or failure of an [`ApiAction`], carrying the HTTP status to send.
+///
+/// The VMM decides the status (e.g. 409 for "pause while paused") because
+/// only it knows why an action cannot be done; the server passes it through
+/// unchanged as long as it is a 4xx or 5xx code (anything else becomes 500,
+/// since an error must never look like success).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message} (HTTP {status})")]
+pub struct ApiError {
+    /// HTTP status code (400–599).
+    pub status: u16,
+    /// Single-line explanation shown to the operator.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with an explicit HTTP status.
+    pub fn new(status: u16, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// 400: the request was understood but its content is invalid.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, message)
+    }
+
+    /// 409: the action conflicts with the VM's current state (e.g. pausing a
+    /// paused VM).
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(409, message)
+    }
+
+    /// 500: the VMM failed while carrying out the action.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, message)
+    }
+
+    /// 501: the action exists in the API but this VMM build does not
+    /// support it.
+    pub fn not_implemented(message: impl Into<String>) -> Self {
+        Self::new(501, message)
+    }
+}
+
+/// The VMM side of the API: carries out actions.
+///
+/// `Send + Sync` because the server calls it from its own threads: one per
+/// connection, so calls may run concurrently and the implementation must do
+/// its own locking. `handle` should return promptly (it runs while the
+/// client waits, and the client has a timeout); long operations such as
+/// shutdown should be started and acknowledged rather than awaited. It is
+/// safe to drop the [`crate::ApiServer`] from inside `handle` (e.g. on
+/// shutdown): the current request is still answered.
+pub trait VmController: Send + Sync {
+    /// Carry out `action`, or explain with an [`ApiError`] why not.
+    fn handle(&self, action: ApiAction) -> Result<ApiResponse, ApiError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vm_state_is_snake_case_on_the_wire() {
+        assert_eq!(
+            serde_json::to_string(&VmState::ShuttingDown).unwrap(),
+            "\"shutting_down\""
+        );
+        assert_eq!(
+            serde_json::to_string(&VmState::Running).unwrap(),
+            "\"running\""
+        );
+        assert_eq!(
+            serde_json::from_str::<VmState>("\"paused\"").unwrap(),
+            VmState::Paused
+        );
+    }
+
+    #[test]
+    fn device_kind_is_type_on_the_wire() {
+        let d = DeviceInfo {
+            id: "com1".into(),
+            kind: "serial".into(),
+            resources: vec!["irq 4".into()],
+        };
+        let v = serde_json::to_value(&d).unwrap();
+        assert_eq!(v["type"], "serial");
+        assert!(v.get("kind").is_none());
+    }
+
+    #[test]
+    fn responses_serialize_as_bare_payloads() {
+        let r = ApiResponse::Pong(VmmVersion {
+            version: "1.2.3".into(),
+        });
+        assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"version":"1.2.3"}"#);
+    }
+
+    #[test]
+    fn api_error_display_names_status() {
+        assert_eq!(
+            ApiError::conflict("already paused").to_string(),
+            "already paused (HTTP 409)"
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! The VMM side of the control API: carries out [`ApiAction`]s on the
+//! running VM (pause and resume its vCPUs, describe it, shut it down).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::{ApiAction, ApiError, ApiResponse, ApiServer, DeviceInfo, VmController, VmInfo, VmState, VmmVersion};
+
+use crate::boot::BootProtocol;
+use crate::event::{EventSender, VmmEvent};
+use crate::vcpu::{Desired, RunControl};
+use crate::vm::kick;
+use crate::Error;
+
+/// How long pause waits for every vCPU to park.
+const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A device as `vm.info` lists it.
+#[derive(Clone, Debug)]
+pub struct DeviceDescription {
+    pub id: String,
+    pub kind: String,
+    pub resources: Vec<String>,
+}
+
+impl DeviceDescription {
+    /// A device at I/O ports, with an optional ISA interrupt.
+    pub fn legacy(id: &str, kind: &str, port: u16, count: u16, irq: Option<u32>) -> Self {
+        let mut resources = vec![format!("io {:#x}-{:#x}", port, port + count - 1)];
+        if let Some(irq) = irq {
+            resources.push(format!("irq {irq}"));
+        }
+        DeviceDescription {
+            id: id.into(),
+            kind: kind.into(),
+            resources,
+        }
+    }
+}
+
+/// The facts about a VM that do not change while it runs.
+#[derive(Clone, Debug)]
+pub struct VmDescription {
+    pub vcpus: u8,
+    pub memory_bytes: u64,
+    pub kernel: String,
+    pub cmdline: String,
+    pub boot_protocol: BootProtocol,
+    pub devices: Vec<DeviceDescription>,
+}
+
+/// Implements the API on a running VM.
+pub struct VmControl {
+    description: VmDescription,
+    control: Arc<RunControl>,
+    vcpu_threads: Vec<libc::pthread_t>,
+    events: EventSender,
+    shutting_down: AtomicBool,
+}
+
+// SAFETY: pthread_t is an opaque thread id (an integer on Linux); it is
+// only passed to pthread_kill, which any thread may call.
+unsafe impl Send for VmControl {}
+// SAFETY: as above; the ids are never mutated after construction.
+unsafe impl Sync for VmControl {}
+
+impl VmControl {
+    pub fn new(
+        description: VmDescription,
+        control: Arc<RunControl>,
+        vcpu_threads: Vec<libc::pthread_t>,
+        events: EventSender,
+    ) -> Self {
+        VmControl {
+            description,
+            control,
+            vcpu_threads,
+            events,
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    fn state(&self) -> VmState {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return VmState::ShuttingDown;
+        }
+        match self.control.desired() {
+            Desired::Run => VmState::Running,
+            Desired::Pause => VmState::Paused,
+            Desired::Stop => VmState::ShuttingDown,
+        }
+    }
+
+    fn info(&self) -> VmInfo {
+        let d = &self.description;
+        VmInfo {
+            state: self.state(),
+            vcpus: u32::from(d.vcpus),
+            memory_mib: d.memory_bytes >> 20,
+            kernel: d.kernel.clone(),
+            cmdline: d.cmdline.clone(),
+            boot_protocol: d.boot_protocol.name().into(),
+            devices: d
+                .devices
+                .iter()
+                .map(|dev| DeviceInfo {
+                    id: dev.id.clone(),
+                    kind: dev.kind.clone(),
+                    resources: dev.resources.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    fn pause(&self) -> Result<ApiResponse, ApiError> {
+        match self.state() {
+            VmState::Running => {}
+            VmState::Paused => return Err(ApiError::conflict("the VM is already paused")),
+            VmState::ShuttingDown => return Err(ApiError::conflict("the VM is shutting down")),
+        }
+        self.control.set(Desired::Pause);
+        for &thread in &self.vcpu_threads {
+            kick(thread);
+        }
+        if self.control.wait_parked(self.vcpu_threads.len(), PAUSE_TIMEOUT) {
+            Ok(ApiResponse::Empty)
+        } else {
+            Err(ApiError::internal("not every vCPU stopped within 5 s"))
+        }
+    }
+
+    fn resume(&self) -> Result<ApiResponse, ApiError> {
+        match self.state() {
+            VmState::Paused => {
+                self.control.set(Desired::Run);
+                Ok(ApiResponse::Empty)
+            }
+            VmState::Running => Err(ApiError::conflict("the VM is not paused")),
+            VmState::ShuttingDown => Err(ApiError::conflict("the VM is shutting down")),
+        }
+    }
+}
+
+impl VmController for VmControl {
+    fn handle(&self, action: ApiAction) -> Result<ApiResponse, ApiError> {
+        match action {
+            ApiAction::Ping => Ok(ApiResponse::Pong(VmmVersion {
+                version: env!("CARGO_PKG_VERSION").into(),
+            })),
+            ApiAction::VmInfo => Ok(ApiResponse::VmInfo(self.info())),
+            ApiAction::Pause => self.pause(),
+            ApiAction::Resume => self.resume(),
+            ApiAction::Shutdown => {
+                self.shutting_down.store(true, Ordering::SeqCst);
+                self.events.send(VmmEvent::ApiShutdown);
+                Ok(ApiResponse::Empty)
+            }
+        }
+    }
+}
+
+/// Serves the API on `path` until the returned server is dropped.
+pub fn start_api_server(path: &Path, control: Arc<VmControl>) -> Result<ApiServer, Error> {
+    ApiServer::start(path, control).map_err(|e| Error::Api(e.to_string()))
+}

@@ -1,0 +1,68 @@
+//! hakoniwa's virtual machine monitor: builds a KVM VM from a [`VmConfig`]
+//! and runs it until the guest, the user or the API ends it.
+//!
+//! Module map (see docs/architecture.md):
+//! - [`config`]: what the user asked for, checked without KVM;
+//! - [`memory`]: guest RAM and its KVM memory slots;
+//! - [`boot`]: kernel, initramfs and command line into guest memory;
+//! - [`vcpu`]: vCPU threads and their exit dispatch;
+//! - [`vm`]: the builder and the VM's lifetime;
+//! - [`console`], [`signals`], [`controller`]: the ways the outside world
+//!   talks to a running VM (terminal, Unix signals, control API);
+//! - [`event`]: why a VM ends, and hakoniwa's exit status for it.
+
+pub mod boot;
+pub mod config;
+pub mod console;
+pub mod controller;
+pub mod event;
+pub mod memory;
+pub mod signals;
+pub mod vcpu;
+pub mod vm;
+
+use std::path::PathBuf;
+
+pub use config::VmConfig;
+pub use event::{Outcome, VMM_FAILURE_STATUS};
+pub use vm::run;
+
+/// Everything that can stop hakoniwa from building or running a VM. Each
+/// message is one line that names the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot open /dev/kvm: {0} (is KVM available and are you allowed to use it?)")]
+    OpenKvm(kvm_ioctls::Error),
+    #[error("{0} failed: {1}")]
+    Kvm(&'static str, kvm_ioctls::Error),
+    #[error("cannot allocate guest memory: {0}")]
+    GuestMemory(String),
+    #[error("cannot open {0} {1}: {2}")]
+    OpenFile(&'static str, PathBuf, std::io::Error),
+    #[error("cannot read {0} {1}: {2}")]
+    ReadFile(&'static str, PathBuf, String),
+    #[error("{0} is not a Linux kernel (neither a bzImage nor an ELF vmlinux)")]
+    NotAKernel(PathBuf),
+    #[error("cannot boot kernel {0}: {1}")]
+    BadKernel(PathBuf, String),
+    #[error("initramfs {0} is empty")]
+    EmptyInitramfs(PathBuf),
+    #[error("--memory {given} is too small for this kernel and initramfs{}", needed.as_ref().map(|n| format!(": they need at least {n}")).unwrap_or_default())]
+    MemoryTooSmall { given: String, needed: Option<String> },
+    #[error("--memory {given} is more than the host's memory ({host})")]
+    MemoryAboveHost { given: String, host: String },
+    #[error("kernel command line is too long ({0} bytes; at most {1})")]
+    CmdlineTooLong(usize, usize),
+    #[error("invalid kernel command line: {0}")]
+    BadCmdline(String),
+    #[error("device {0}: {1}")]
+    Device(String, String),
+    #[error("cannot start the {0} thread: {1}")]
+    Thread(&'static str, std::io::Error),
+    #[error("signal setup failed: {0}")]
+    Signal(String),
+    #[error("{0}")]
+    Api(String),
+    #[error(transparent)]
+    Arch(#[from] arch::Error),
+}

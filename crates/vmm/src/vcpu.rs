@@ -1,0 +1,199 @@
+//! vCPU threads: each runs `KVM_RUN` in a loop and hands port I/O and MMIO
+//! exits to the buses; everything interrupt-related stays in KVM's
+//! in-kernel irqchip.
+//!
+//! To stop or pause a vCPU that may be inside `KVM_RUN` (e.g. halted),
+//! the VMM sends its thread a real-time signal. The handler sets the
+//! thread's `kvm_run.immediate_exit`, so a signal that lands just before
+//! `KVM_RUN` is entered still makes it return at once, with EINTR.
+
+use std::cell::Cell;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use devices::{Bus, PlatformExit};
+use kvm_bindings::{kvm_run, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN};
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
+
+use crate::event::{EventSender, VmmEvent};
+
+/// Offset from SIGRTMIN of the signal that kicks a vCPU out of KVM_RUN.
+const KICK_SIGNAL_OFFSET: i32 = 0;
+
+thread_local! {
+    /// This thread's `kvm_run`, for the kick signal handler. Const
+    /// initialised so reading it from a signal handler never allocates.
+    static KVM_RUN_PTR: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+extern "C" fn handle_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let run = KVM_RUN_PTR.with(|p| p.get());
+    if !run.is_null() {
+        // SAFETY: the pointer was set by this same thread to its VcpuFd's
+        // mmapped kvm_run, which stays mapped while the thread runs its loop
+        // (the pointer is cleared before the VcpuFd is dropped). A volatile
+        // one-byte store is async-signal-safe.
+        unsafe { std::ptr::addr_of_mut!((*run).immediate_exit).write_volatile(1) };
+    }
+}
+
+/// The kick signal number.
+pub fn kick_signal() -> i32 {
+    SIGRTMIN() + KICK_SIGNAL_OFFSET
+}
+
+/// Installs the kick handler (once per process).
+pub fn install_kick_handler() -> Result<(), crate::Error> {
+    register_signal_handler(kick_signal(), handle_kick).map_err(|e| crate::Error::Signal(e.to_string()))
+}
+
+/// What the VMM wants the vCPUs to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Desired {
+    Run,
+    Pause,
+    Stop,
+}
+
+/// Shared between the VMM and its vCPU threads: the desired state and how
+/// many vCPUs are parked in it.
+pub struct RunControl {
+    state: Mutex<(Desired, usize)>,
+    changed: Condvar,
+}
+
+impl Default for RunControl {
+    fn default() -> Self {
+        RunControl {
+            state: Mutex::new((Desired::Run, 0)),
+            changed: Condvar::new(),
+        }
+    }
+}
+
+impl RunControl {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Desired, usize)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the desired state and wakes parked vCPUs.
+    pub fn set(&self, desired: Desired) {
+        self.lock().0 = desired;
+        self.changed.notify_all();
+    }
+
+    pub fn desired(&self) -> Desired {
+        self.lock().0
+    }
+
+    /// Waits until `count` vCPUs are parked (paused), or the timeout ends;
+    /// returns whether they all are.
+    pub fn wait_parked(&self, count: usize, timeout: std::time::Duration) -> bool {
+        let guard = self.lock();
+        let (guard, _) = self
+            .changed
+            .wait_timeout_while(guard, timeout, |(desired, parked)| *desired == Desired::Pause && *parked < count)
+            .unwrap_or_else(|e| e.into_inner());
+        guard.0 == Desired::Pause && guard.1 >= count
+    }
+
+    /// Called by a vCPU thread: parks while paused; returns false to stop.
+    fn park_while_paused(&self) -> bool {
+        let mut guard = self.lock();
+        if guard.0 == Desired::Pause {
+            guard.1 += 1;
+            self.changed.notify_all();
+            guard = self
+                .changed
+                .wait_while(guard, |(desired, _)| *desired == Desired::Pause)
+                .unwrap_or_else(|e| e.into_inner());
+            guard.1 -= 1;
+        }
+        guard.0 != Desired::Stop
+    }
+}
+
+/// One vCPU and what its exits are dispatched to.
+pub struct Vcpu {
+    pub index: u8,
+    pub fd: VcpuFd,
+    pub pio: Arc<Bus>,
+    pub mmio: Arc<Bus>,
+    pub control: Arc<RunControl>,
+    pub events: EventSender,
+}
+
+impl Vcpu {
+    /// Starts the vCPU's thread.
+    pub fn spawn(self) -> std::io::Result<JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name(format!("vcpu{}", self.index))
+            .spawn(move || self.run_loop())
+    }
+
+    fn run_loop(mut self) {
+        KVM_RUN_PTR.with(|p| p.set(self.fd.get_kvm_run() as *mut kvm_run));
+        while self.control.park_while_paused() {
+            match self.run_once() {
+                Ok(None) => {}
+                Ok(Some(event)) => {
+                    self.events.send(event);
+                    break;
+                }
+                Err(message) => {
+                    self.events.send(VmmEvent::Error(format!("vCPU {}: {message}", self.index)));
+                    break;
+                }
+            }
+        }
+        KVM_RUN_PTR.with(|p| p.set(std::ptr::null_mut()));
+    }
+
+    /// Runs the guest until one exit; returns an event if the VM must end.
+    fn run_once(&mut self) -> Result<Option<VmmEvent>, String> {
+        let exit = match self.fd.run() {
+            Ok(exit) => exit,
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                // Kicked: clear the request and let the loop look at the
+                // desired state.
+                self.fd.set_kvm_immediate_exit(0);
+                return Ok(None);
+            }
+            Err(e) => return Err(format!("KVM_RUN failed: {e}")),
+        };
+        match exit {
+            VcpuExit::IoIn(port, data) => {
+                if !self.pio.read(u64::from(port), data) {
+                    // Nothing decodes the port: the bus floats high.
+                    data.fill(0xff);
+                }
+            }
+            VcpuExit::IoOut(port, data) => {
+                self.pio.write(u64::from(port), data);
+            }
+            VcpuExit::MmioRead(addr, data) => {
+                if !self.mmio.read(addr, data) {
+                    data.fill(0xff);
+                }
+            }
+            VcpuExit::MmioWrite(addr, data) => {
+                self.mmio.write(addr, data);
+            }
+            VcpuExit::Intr => {}
+            VcpuExit::Shutdown => return Ok(Some(VmmEvent::TripleFault)),
+            VcpuExit::SystemEvent(kind, _) => match kind {
+                KVM_SYSTEM_EVENT_SHUTDOWN => return Ok(Some(VmmEvent::Guest(PlatformExit::PowerOff))),
+                KVM_SYSTEM_EVENT_RESET => return Ok(Some(VmmEvent::Guest(PlatformExit::Reboot))),
+                other => return Err(format!("unexpected system event {other}")),
+            },
+            VcpuExit::Hlt => return Err("halted with the irqchip in userspace".into()),
+            VcpuExit::FailEntry(reason, cpu) => {
+                return Err(format!("VM entry failed (hardware reason {reason:#x}, cpu {cpu})"))
+            }
+            VcpuExit::InternalError => return Err("KVM internal error (emulation failure)".into()),
+            other => return Err(format!("unexpected exit {other:?}")),
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,295 @@
+//! Building a VM top to bottom and running it until something ends it:
+//! KVM → guest memory → platform devices → ACPI and boot images → vCPUs →
+//! console, signals and API → wait for the first ending event → stop.
+
+use std::os::unix::thread::JoinHandleExt;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arch::acpi::{write_acpi_tables, AcpiPlatform, LegacyDevice, S5_SLEEP_TYPE};
+use arch::cpuid::{patch_cpuid, CpuidOptions};
+use arch::layout::{KVM_IDENTITY_MAP_ADDRESS, KVM_TSS_ADDRESS};
+use devices::legacy::acpi_pm::{
+    ACPI_PM_PORT, ACPI_PM_PORT_COUNT, RESET_OFFSET, RESET_VALUE, SLEEP_CONTROL_OFFSET, SLEEP_STATUS_OFFSET,
+};
+use devices::legacy::debug_exit::DEBUG_EXIT_PORT;
+use devices::legacy::{AcpiPm, DebugExit, Serial, COM1_IRQ, COM1_PORT, I8042, I8042_PORT, I8042_PORT_COUNT};
+use devices::{Bus, ExitNotifier, SharedDevice};
+use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{Kvm, VmFd};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+
+use crate::boot::load_boot_images;
+use crate::config::{format_size, VmConfig};
+use crate::console::{spawn_input_thread, ConsoleOutput, RawTerminal};
+use crate::controller::{DeviceDescription, VmControl, VmDescription};
+use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
+use crate::memory::{create_guest_memory, register_guest_memory, GuestMemoryMmap};
+use crate::vcpu::{install_kick_handler, kick_signal, Desired, RunControl, Vcpu};
+use crate::{signals, Error};
+
+/// A VM that is built and whose vCPUs are running.
+pub struct Vm {
+    // Field order is drop order: vCPU threads first, then the VM, then memory.
+    vcpu_threads: Vec<JoinHandle<()>>,
+    control: Arc<RunControl>,
+    _vm_fd: Arc<VmFd>,
+    _memory: GuestMemoryMmap,
+}
+
+/// The platform devices on the port bus, and what the console needs.
+struct Platform {
+    pio: Arc<Bus>,
+    serial: Arc<Mutex<Serial>>,
+    serial_input_space: EventFd,
+    devices: Vec<DeviceDescription>,
+}
+
+/// Builds the VM from `config`, runs it, and returns how hakoniwa should end.
+pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
+    signals::block_stop_signals()?;
+    check_host_memory(config.memory_bytes)?;
+
+    let (events, ending) = channel();
+    let control = Arc::new(RunControl::default());
+    let kvm = Kvm::new().map_err(Error::OpenKvm)?;
+    let vm_fd = Arc::new(create_vm(&kvm)?);
+    let memory = create_guest_memory(config.memory_bytes)?;
+    register_guest_memory(&vm_fd, &memory)?;
+
+    let notifier = exit_notifier(control.clone(), events.clone());
+    let platform = create_platform(&vm_fd, notifier)?;
+    let rsdp = write_acpi_tables(&memory, &acpi_platform(config.vcpus))?;
+    let cmdline = guest_cmdline(config);
+    let entry = load_boot_images(
+        &memory,
+        config.memory_bytes,
+        &config.kernel,
+        config.initramfs.as_deref(),
+        &cmdline,
+        rsdp,
+    )?;
+
+    install_kick_handler()?;
+    let mut vm = Vm {
+        vcpu_threads: Vec::new(),
+        control: control.clone(),
+        _vm_fd: vm_fd.clone(),
+        _memory: memory.clone(),
+    };
+    let cpuid_options = CpuidOptions {
+        vcpu_count: config.vcpus,
+        async_pf: config.async_pf,
+    };
+    let supported_cpuid = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(|e| Error::Kvm("KVM_GET_SUPPORTED_CPUID", e))?;
+    for index in 0..config.vcpus {
+        let fd = vm_fd
+            .create_vcpu(u64::from(index))
+            .map_err(|e| Error::Kvm("KVM_CREATE_VCPU", e))?;
+        let mut cpuid = supported_cpuid.clone();
+        patch_cpuid(&mut cpuid, index, cpuid_options);
+        fd.set_cpuid2(&cpuid).map_err(|e| Error::Kvm("KVM_SET_CPUID2", e))?;
+        arch::regs::setup_msrs(&fd)?;
+        arch::regs::setup_fpu(&fd)?;
+        arch::regs::setup_lint(&fd)?;
+        if index == 0 {
+            arch::regs::setup_boot_cpu(&fd, &memory, entry.mode)?;
+        }
+        let vcpu = Vcpu {
+            index,
+            fd,
+            pio: platform.pio.clone(),
+            mmio: Arc::new(Bus::new()),
+            control: control.clone(),
+            events: events.clone(),
+        };
+        vm.vcpu_threads.push(vcpu.spawn().map_err(|e| Error::Thread("vCPU", e))?);
+    }
+
+    // Interactive console unless the guest runs a command for us.
+    let _raw_terminal = if config.exec.is_none() {
+        let raw = RawTerminal::enable();
+        if raw.is_some() {
+            eprint!("hakoniwa: console on COM1; Ctrl-A x quits, Ctrl-A h for help\r\n");
+        }
+        spawn_input_thread(platform.serial.clone(), platform.serial_input_space, events.clone())
+            .map_err(|e| Error::Thread("console", e))?;
+        raw
+    } else {
+        None
+    };
+    signals::spawn_signal_thread(events.clone())?;
+
+    let description = VmDescription {
+        vcpus: config.vcpus,
+        memory_bytes: config.memory_bytes,
+        kernel: config.kernel.display().to_string(),
+        cmdline: cmdline.clone(),
+        boot_protocol: entry.protocol,
+        devices: platform.devices,
+    };
+    let vcpu_pthreads = vm.vcpu_threads.iter().map(|t| t.as_pthread_t()).collect();
+    let vm_control = Arc::new(VmControl::new(description, control.clone(), vcpu_pthreads, events.clone()));
+    let _api_server = match &config.api_socket {
+        Some(path) => Some(crate::controller::start_api_server(path, vm_control.clone())?),
+        None => None,
+    };
+
+    let event = ending.recv().unwrap_or(VmmEvent::Error("event channel closed".into()));
+    vm.stop();
+    Ok(outcome(&event, config.exec.is_some()))
+}
+
+impl Vm {
+    /// Stops every vCPU: asks them to stop, kicks them out of KVM_RUN
+    /// until they have all left their loops, then joins them.
+    fn stop(&mut self) {
+        self.control.set(Desired::Stop);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.vcpu_threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+            for thread in self.vcpu_threads.iter().filter(|t| !t.is_finished()) {
+                kick(thread.as_pthread_t());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for thread in self.vcpu_threads.drain(..) {
+            if thread.is_finished() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// Sends the kick signal to a vCPU thread that has not been joined.
+pub fn kick(thread: libc::pthread_t) {
+    // SAFETY: `thread` comes from a JoinHandle that has not been joined, so
+    // the pthread_t is still valid; the signal's handler is installed.
+    unsafe { libc::pthread_kill(thread, kick_signal()) };
+}
+
+fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
+    let vm = kvm.create_vm().map_err(|e| Error::Kvm("KVM_CREATE_VM", e))?;
+    vm.set_tss_address(KVM_TSS_ADDRESS as usize)
+        .map_err(|e| Error::Kvm("KVM_SET_TSS_ADDR", e))?;
+    vm.set_identity_map_address(KVM_IDENTITY_MAP_ADDRESS)
+        .map_err(|e| Error::Kvm("KVM_SET_IDENTITY_MAP_ADDR", e))?;
+    // In-kernel PIC, IOAPIC and local APICs; then the PIT, whose speaker
+    // port (0x61) KVM also emulates, so timer calibration never exits.
+    vm.create_irq_chip().map_err(|e| Error::Kvm("KVM_CREATE_IRQCHIP", e))?;
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    vm.create_pit2(pit).map_err(|e| Error::Kvm("KVM_CREATE_PIT2", e))?;
+    Ok(vm)
+}
+
+/// Device exits stop the vCPUs at once (so the guest runs no further after
+/// e.g. writing its exit status) and tell the main thread.
+fn exit_notifier(control: Arc<RunControl>, events: EventSender) -> ExitNotifier {
+    Arc::new(move |exit| {
+        control.set(Desired::Stop);
+        events.send(VmmEvent::Guest(exit));
+    })
+}
+
+fn create_platform(vm: &VmFd, notifier: ExitNotifier) -> Result<Platform, Error> {
+    let pio = Arc::new(Bus::new());
+    let mut devices = Vec::new();
+    let mut add = |device: SharedDevice, base: u16, len: u16, description: DeviceDescription| {
+        pio.insert(device, u64::from(base), u64::from(len))
+            .map_err(|e| Error::Device(description.id.clone(), e.to_string()))?;
+        devices.push(description);
+        Ok::<(), Error>(())
+    };
+
+    let interrupt = EventFd::new(EFD_NONBLOCK).map_err(|e| Error::Device("com1".into(), e.to_string()))?;
+    vm.register_irqfd(&interrupt, COM1_IRQ)
+        .map_err(|e| Error::Kvm("KVM_IRQFD", e))?;
+    let input_space = EventFd::new(0).map_err(|e| Error::Device("com1".into(), e.to_string()))?;
+    let input_space_feeder = input_space
+        .try_clone()
+        .map_err(|e| Error::Device("com1".into(), e.to_string()))?;
+    let serial = Arc::new(Mutex::new(Serial::new(interrupt, input_space, Box::new(ConsoleOutput))));
+    add(
+        serial.clone(),
+        COM1_PORT,
+        8,
+        DeviceDescription::legacy("com1", "serial-16550a", COM1_PORT, 8, Some(COM1_IRQ)),
+    )?;
+    add(
+        Arc::new(Mutex::new(I8042::new(notifier.clone()))),
+        I8042_PORT,
+        I8042_PORT_COUNT,
+        DeviceDescription::legacy("i8042", "i8042-reset", I8042_PORT, I8042_PORT_COUNT, None),
+    )?;
+    add(
+        Arc::new(Mutex::new(AcpiPm::new(notifier.clone(), S5_SLEEP_TYPE))),
+        ACPI_PM_PORT,
+        ACPI_PM_PORT_COUNT,
+        DeviceDescription::legacy("acpi-pm", "acpi-power-management", ACPI_PM_PORT, ACPI_PM_PORT_COUNT, None),
+    )?;
+    add(
+        Arc::new(Mutex::new(DebugExit::new(notifier))),
+        DEBUG_EXIT_PORT,
+        1,
+        DeviceDescription::legacy("debug-exit", "debug-exit", DEBUG_EXIT_PORT, 1, None),
+    )?;
+    Ok(Platform {
+        pio,
+        serial,
+        serial_input_space: input_space_feeder,
+        devices,
+    })
+}
+
+fn acpi_platform(vcpu_count: u8) -> AcpiPlatform {
+    AcpiPlatform {
+        vcpu_count,
+        sleep_control_port: ACPI_PM_PORT + SLEEP_CONTROL_OFFSET as u16,
+        sleep_status_port: ACPI_PM_PORT + SLEEP_STATUS_OFFSET as u16,
+        reset_port: ACPI_PM_PORT + RESET_OFFSET as u16,
+        reset_value: RESET_VALUE,
+        devices: vec![LegacyDevice {
+            name: "COM1",
+            hid: "PNP0501",
+            io: (COM1_PORT, 8),
+            irq: Some(COM1_IRQ),
+        }],
+        reserved_io: vec![(DEBUG_EXIT_PORT, 1), (ACPI_PM_PORT, ACPI_PM_PORT_COUNT as u8)],
+    }
+}
+
+/// The command line the guest gets: the user's (or the default), plus the
+/// command to run, base64-encoded so it survives the kernel's parser.
+pub fn guest_cmdline(config: &VmConfig) -> String {
+    match &config.exec {
+        Some(command) => format!("{} hk.cmd={}", config.cmdline, BASE64.encode(command.as_bytes())),
+        None => config.cmdline.clone(),
+    }
+}
+
+/// Refuses guests larger than the host's RAM.
+fn check_host_memory(requested: u64) -> Result<(), Error> {
+    let Some(host) = host_memory_bytes() else { return Ok(()) };
+    if requested > host {
+        return Err(Error::MemoryAboveHost {
+            given: format_size(requested),
+            host: format_size(host),
+        });
+    }
+    Ok(())
+}
+
+fn host_memory_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -1,0 +1,196 @@
+//! `hakoniwa`: the command line of the VMM.
+//!
+//! `hakoniwa run` boots a VM (the default guest unless `--kernel` is
+//! given); `hakoniwa ctl` talks to a running one over its API socket.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use vmm::config::{parse_memory_size, parse_vcpu_count, VmConfig, DEFAULT_CMDLINE};
+use vmm::VMM_FAILURE_STATUS;
+
+#[derive(Parser)]
+#[command(name = "hakoniwa", version, about = "A KVM virtual machine monitor")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Boot a VM and attach its serial console to this terminal.
+    Run(RunArgs),
+    /// Control a running VM through its API socket.
+    Ctl(CtlArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Kernel: a bzImage, or an ELF vmlinux (PVH entry used if present).
+    /// Default: the default guest's kernel (scripts/build-guest).
+    #[arg(long, value_name = "PATH")]
+    kernel: Option<PathBuf>,
+    /// Initramfs. Default: the default guest's, when --kernel is not given.
+    #[arg(long, value_name = "PATH")]
+    initramfs: Option<PathBuf>,
+    /// Kernel command line, replacing the default.
+    #[arg(long, value_name = "STR", default_value = DEFAULT_CMDLINE)]
+    cmdline: String,
+    /// Number of vCPUs.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    cpus: u32,
+    /// Guest RAM: 512M, 2G, ... (a bare number is MiB).
+    #[arg(long, value_name = "SIZE", default_value = "512M")]
+    memory: String,
+    /// Run COMMAND in the default guest instead of a shell, print its
+    /// output and exit with its exit status.
+    #[arg(long, value_name = "COMMAND")]
+    exec: Option<String>,
+    /// Serve the control API on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    api_socket: Option<PathBuf>,
+    /// Offer KVM asynchronous page faults to the guest (on|off).
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    async_pf: bool,
+}
+
+#[derive(clap::Args)]
+struct CtlArgs {
+    /// The VM's API socket (its --api-socket).
+    #[arg(long, value_name = "PATH")]
+    api_socket: PathBuf,
+    #[command(subcommand)]
+    command: CtlCommandArg,
+}
+
+#[derive(Subcommand, Clone, Copy)]
+enum CtlCommandArg {
+    /// Check that the VMM answers.
+    Ping,
+    /// Print the VM's state, vCPUs, memory and devices as JSON.
+    Info,
+    /// Stop all vCPUs.
+    Pause,
+    /// Let paused vCPUs run again.
+    Resume,
+    /// End the VM and its VMM.
+    Shutdown,
+}
+
+fn parse_on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, not '{other}'")),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Ctl(args) => ctl(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("hakoniwa: {message}");
+            ExitCode::from(VMM_FAILURE_STATUS as u8)
+        }
+    }
+}
+
+/// Help and version go to stdout as usual; a usage error is one line.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion)
+        || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    {
+        let _ = e.print();
+        return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    let rendered = e.render().to_string();
+    let first = rendered.lines().next().unwrap_or("invalid arguments");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    eprintln!("hakoniwa: {first} (see hakoniwa --help)");
+    ExitCode::from(2)
+}
+
+fn run(args: RunArgs) -> Result<ExitCode, String> {
+    let config = vm_config(args)?;
+    let outcome = vmm::run(&config).map_err(|e| e.to_string())?;
+    if let Some(message) = outcome.message {
+        eprintln!("hakoniwa: {message}");
+    }
+    Ok(ExitCode::from(outcome.status.clamp(0, 255) as u8))
+}
+
+fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
+    let memory_bytes = parse_memory_size(&args.memory).map_err(|e| e.to_string())?;
+    let vcpus = parse_vcpu_count(args.cpus).map_err(|e| e.to_string())?;
+    let (kernel, initramfs) = match args.kernel {
+        Some(kernel) => (kernel, args.initramfs),
+        None => {
+            let guest = default_guest_dir();
+            let kernel = guest.join("vmlinuz");
+            if !kernel.exists() {
+                return Err(format!(
+                    "no --kernel given and the default guest is not built ({} is missing; run scripts/build-guest)",
+                    kernel.display()
+                ));
+            }
+            let initramfs = args.initramfs.unwrap_or_else(|| guest.join("initramfs.cpio.gz"));
+            (kernel, Some(initramfs))
+        }
+    };
+    Ok(VmConfig {
+        kernel,
+        initramfs,
+        cmdline: args.cmdline,
+        vcpus,
+        memory_bytes,
+        exec: args.exec,
+        api_socket: args.api_socket,
+        async_pf: args.async_pf,
+    })
+}
+
+/// The default guest: `$HAKONIWA_GUEST_DIR`, else `build/guest` of the
+/// project this binary was built in (target/<profile>/hakoniwa), else
+/// `build/guest` under the current directory.
+fn default_guest_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("HAKONIWA_GUEST_DIR") {
+        return PathBuf::from(dir);
+    }
+    let from_exe = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent()?.parent()?.parent().map(Path::to_path_buf))
+        .map(|project| project.join("build/guest"));
+    match from_exe {
+        Some(dir) if dir.join("vmlinuz").exists() => dir,
+        _ => PathBuf::from("build/guest"),
+    }
+}
+
+fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
+    let command = match args.command {
+        CtlCommandArg::Ping => api::CtlCommand::Ping,
+        CtlCommandArg::Info => api::CtlCommand::Info,
+        CtlCommandArg::Pause => api::CtlCommand::Pause,
+        CtlCommandArg::Resume => api::CtlCommand::Resume,
+        CtlCommandArg::Shutdown => api::CtlCommand::Shutdown,
+    };
+    let output = api::run_ctl(&args.api_socket, &command).map_err(|e| e.to_string())?;
+    if !output.is_empty() {
+        println!("{output}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
