@@ -147,7 +147,9 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
                     kernel.display()
                 ));
             }
-            let initramfs = args.initramfs.unwrap_or_else(|| guest.join("initramfs.cpio.gz"));
+            let initramfs = args
+                .initramfs
+                .unwrap_or_else(|| guest.join("initramfs.cpio.gz"));
             (kernel, Some(initramfs))
         }
     };

@@ -131,8 +131,8 @@ pub enum Error {
 }
 
 /// An I/O error's description without Rust's " (os error N)" suffix, which
-/// means nothing to an operator.
-fn io_reason(e: &io::Error) -> String {
+/// means nothing to an operator. Shared by every one-line error hakoniwa prints.
+pub fn io_reason(e: &io::Error) -> String {
     let text = e.to_string();
     match text.rfind(" (os error ") {
         Some(i) if text.ends_with(')') => text[..i].to_owned(),

@@ -10,6 +10,7 @@
 //! 0x0002_0000  kernel command line
 //! 0x0009_fc00  EBDA .. 0x000f_ffff BIOS area: reserved in e820;
 //! 0x000e_0000  ACPI tables (RSDP first, so a BIOS-area scan finds it)
+//! 0x000f_fff0  reset vector: a stub that asks the VMM for a reset
 //! 0x0010_0000  kernel load address, RAM up to 3 GiB
 //! 0xc000_0000  32-bit MMIO hole (device BARs, IOAPIC, LAPIC) to 4 GiB
 //! 0x1_0000_0000 RAM above 4 GiB, if the guest has more than 3 GiB
@@ -40,7 +41,10 @@ pub const EBDA_START: u64 = 0x9fc00;
 /// ACPI tables live in the BIOS area, where Linux also scans for the RSDP.
 pub const ACPI_TABLES_START: u64 = 0xe0000;
 /// End (exclusive) of the region reserved for ACPI tables.
-pub const ACPI_TABLES_END: u64 = 0x100000;
+pub const ACPI_TABLES_END: u64 = 0xf0000;
+/// The x86 reset vector (f000:fff0): where a CPU, or a kernel rebooting
+/// "through the BIOS", starts executing in real mode.
+pub const RESET_VECTOR: u64 = 0xffff0;
 /// Where high memory starts and where kernels are loaded.
 pub const HIMEM_START: u64 = 0x100000;
 
@@ -103,6 +107,7 @@ mod tests {
         assert!(BOOT_STACK_POINTER < PML4_START);
         assert!(PML4_START + 6 * 0x1000 <= CMDLINE_START);
         assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
-        assert!(ACPI_TABLES_END <= HIMEM_START);
+        assert!(ACPI_TABLES_END <= RESET_VECTOR);
+        assert!(RESET_VECTOR + 16 <= HIMEM_START);
     }
 }

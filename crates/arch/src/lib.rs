@@ -12,6 +12,7 @@ pub mod gdt;
 pub mod layout;
 pub mod paging;
 pub mod regs;
+pub mod reset_vector;
 
 /// Errors while describing the machine to the guest.
 #[derive(Debug, thiserror::Error)]

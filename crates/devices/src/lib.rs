@@ -6,6 +6,7 @@
 
 pub mod bus;
 pub mod legacy;
+pub mod pci;
 
 pub use bus::{Bus, BusDevice, BusError, SharedDevice};
 

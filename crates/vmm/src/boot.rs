@@ -15,12 +15,14 @@ use arch::regs::EntryMode;
 use linux_loader::cmdline::Cmdline;
 use linux_loader::loader::bootparam::setup_header;
 use linux_loader::loader::elf::PvhBootCapability;
-use linux_loader::loader::{bzimage::BzImage, elf::Elf, load_cmdline, KernelLoader, KernelLoaderResult};
+use linux_loader::loader::{
+    bzimage::BzImage, elf::Elf, load_cmdline, KernelLoader, KernelLoaderResult,
+};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::config::format_size;
 use crate::memory::GuestMemoryMmap;
-use crate::Error;
+use crate::{io_reason, Error};
 
 /// Kernel image formats hakoniwa boots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,8 +73,9 @@ pub fn detect_kernel_format(path: &Path) -> Result<KernelFormat, Error> {
         return Ok(KernelFormat::Elf);
     }
     let mut hdrs = [0u8; 4];
-    let is_bzimage =
-        file.seek(SeekFrom::Start(0x202)).is_ok() && file.read_exact(&mut hdrs).is_ok() && hdrs == *b"HdrS";
+    let is_bzimage = file.seek(SeekFrom::Start(0x202)).is_ok()
+        && file.read_exact(&mut hdrs).is_ok()
+        && hdrs == *b"HdrS";
     if is_bzimage {
         Ok(KernelFormat::BzImage)
     } else {
@@ -80,8 +83,34 @@ pub fn detect_kernel_format(path: &Path) -> Result<KernelFormat, Error> {
     }
 }
 
+/// Checks the user's files before any KVM work: the kernel is a kernel,
+/// the initramfs can be read.
+pub fn check_boot_files(kernel: &Path, initramfs: Option<&Path>) -> Result<(), Error> {
+    detect_kernel_format(kernel)?;
+    if let Some(path) = initramfs {
+        let mut file = open(path, "initramfs")?;
+        let mut first = [0u8; 1];
+        match file.read(&mut first) {
+            Ok(0) => return Err(Error::EmptyInitramfs(path.to_path_buf())),
+            Ok(_) => {}
+            Err(e) => {
+                return Err(Error::ReadFile {
+                    what: "initramfs",
+                    path: path.to_path_buf(),
+                    reason: io_reason(&e),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
 fn open(path: &Path, what: &'static str) -> Result<File, Error> {
-    File::open(path).map_err(|e| Error::OpenFile(what, path.to_path_buf(), e))
+    File::open(path).map_err(|e| Error::OpenFile {
+        what,
+        path: path.to_path_buf(),
+        error: e,
+    })
 }
 
 /// Loads everything the kernel needs and returns how to enter it.
@@ -96,10 +125,15 @@ pub fn load_boot_images(
     let format = detect_kernel_format(kernel)?;
     let mut kernel_file = open(kernel, "kernel")?;
     let loaded = match format {
-        KernelFormat::BzImage => {
-            BzImage::load(mem, Some(GuestAddress(HIMEM_START)), &mut kernel_file, Some(GuestAddress(HIMEM_START)))
+        KernelFormat::BzImage => BzImage::load(
+            mem,
+            Some(GuestAddress(HIMEM_START)),
+            &mut kernel_file,
+            Some(GuestAddress(HIMEM_START)),
+        ),
+        KernelFormat::Elf => {
+            Elf::load(mem, None, &mut kernel_file, Some(GuestAddress(HIMEM_START)))
         }
-        KernelFormat::Elf => Elf::load(mem, None, &mut kernel_file, Some(GuestAddress(HIMEM_START))),
     }
     .map_err(|e| kernel_load_error(kernel, mem_size, e))?;
 
@@ -125,19 +159,27 @@ pub fn load_boot_images(
         (KernelFormat::Elf, PvhBootCapability::PvhEntryPresent(entry)) => {
             let start_info = write_pvh_start_info(mem, &inputs)?;
             Ok(BootEntry {
-                mode: EntryMode::Pvh { entry: entry.0, start_info },
+                mode: EntryMode::Pvh {
+                    entry: entry.0,
+                    start_info,
+                },
                 protocol: BootProtocol::Pvh,
             })
         }
         (KernelFormat::Elf, _) => {
             let zero_page = write_zero_page(mem, None, &inputs)?;
             Ok(BootEntry {
-                mode: EntryMode::Linux64 { entry: loaded.kernel_load.0, zero_page },
+                mode: EntryMode::Linux64 {
+                    entry: loaded.kernel_load.0,
+                    zero_page,
+                },
                 protocol: BootProtocol::Linux64,
             })
         }
         (KernelFormat::BzImage, _) => {
-            let header = loaded.setup_header.ok_or_else(|| Error::NotAKernel(kernel.to_path_buf()))?;
+            let header = loaded
+                .setup_header
+                .ok_or_else(|| Error::NotAKernel(kernel.to_path_buf()))?;
             check_64bit_protocol(kernel, &header)?;
             let zero_page = write_zero_page(mem, Some(header), &inputs)?;
             Ok(BootEntry {
@@ -161,7 +203,10 @@ fn kernel_load_error(kernel: &Path, mem_size: u64, e: linux_loader::loader::Erro
             given: format_size(mem_size),
             needed: None,
         },
-        other => Error::BadKernel(kernel.to_path_buf(), other.to_string()),
+        other => Error::BadKernel {
+            path: kernel.to_path_buf(),
+            reason: other.to_string(),
+        },
     }
 }
 
@@ -182,14 +227,14 @@ fn check_64bit_protocol(kernel: &Path, header: &setup_header) -> Result<(), Erro
     let version = header.version;
     let xloadflags = header.xloadflags;
     if version < BOOT_PROTOCOL_64BIT_MIN_VERSION || xloadflags & XLF_KERNEL_64 == 0 {
-        return Err(Error::BadKernel(
-            kernel.to_path_buf(),
-            format!(
+        return Err(Error::BadKernel {
+            path: kernel.to_path_buf(),
+            reason: format!(
                 "it does not support the 64-bit boot protocol (boot protocol {}.{:02}, needs 2.12 with XLF_KERNEL_64)",
                 version >> 8,
                 version & 0xff
             ),
-        ));
+        });
     }
     Ok(())
 }
@@ -206,11 +251,20 @@ fn check_fits(mem_size: u64, needed: u64) -> Result<(), Error> {
 
 /// Puts the initramfs at the top of low RAM, page aligned, above the
 /// kernel's footprint and margin; returns (address, size).
-fn load_initramfs(mem: &GuestMemoryMmap, mem_size: u64, path: &Path, kernel_end: u64) -> Result<(u64, u64), Error> {
+fn load_initramfs(
+    mem: &GuestMemoryMmap,
+    mem_size: u64,
+    path: &Path,
+    kernel_end: u64,
+) -> Result<(u64, u64), Error> {
     let mut file = open(path, "initramfs")?;
     let size = file
         .metadata()
-        .map_err(|e| Error::OpenFile("initramfs", path.to_path_buf(), e))?
+        .map_err(|e| Error::OpenFile {
+            what: "initramfs",
+            path: path.to_path_buf(),
+            error: e,
+        })?
         .len();
     if size == 0 {
         return Err(Error::EmptyInitramfs(path.to_path_buf()));
@@ -219,7 +273,11 @@ fn load_initramfs(mem: &GuestMemoryMmap, mem_size: u64, path: &Path, kernel_end:
     check_fits(mem_size, needed)?;
     let addr = (low_ram_end(mem_size) - size) & !(PAGE_SIZE - 1);
     mem.read_exact_volatile_from(GuestAddress(addr), &mut file, size as usize)
-        .map_err(|e| Error::ReadFile("initramfs", path.to_path_buf(), e.to_string()))?;
+        .map_err(|e| Error::ReadFile {
+            what: "initramfs",
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
     Ok((addr, size))
 }
 
@@ -234,7 +292,8 @@ fn write_cmdline(mem: &GuestMemoryMmap, text: &str) -> Result<usize, Error> {
             .insert_str(text)
             .map_err(|e| Error::BadCmdline(e.to_string()))?;
     }
-    load_cmdline(mem, GuestAddress(CMDLINE_START), &cmdline).map_err(|e| Error::BadCmdline(e.to_string()))?;
+    load_cmdline(mem, GuestAddress(CMDLINE_START), &cmdline)
+        .map_err(|e| Error::BadCmdline(e.to_string()))?;
     Ok(text.len())
 }
 
@@ -247,7 +306,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("hakoniwa-boot-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(name);
-        std::fs::File::create(&path).unwrap().write_all(bytes).unwrap();
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(bytes)
+            .unwrap();
         path
     }
 
@@ -264,9 +326,15 @@ mod tests {
     #[test]
     fn text_and_short_files_are_not_kernels() {
         let text = temp_file("notes.txt", b"just some text, not a kernel at all\n");
-        assert!(matches!(detect_kernel_format(&text), Err(Error::NotAKernel(_))));
+        assert!(matches!(
+            detect_kernel_format(&text),
+            Err(Error::NotAKernel(_))
+        ));
         let empty = temp_file("empty", b"");
-        assert!(matches!(detect_kernel_format(&empty), Err(Error::NotAKernel(_))));
+        assert!(matches!(
+            detect_kernel_format(&empty),
+            Err(Error::NotAKernel(_))
+        ));
     }
 
     #[test]
@@ -282,7 +350,10 @@ mod tests {
         let mem = crate::memory::create_guest_memory(64 << 20).unwrap();
         assert_eq!(write_cmdline(&mem, "console=ttyS0").unwrap(), 13);
         let long = "a".repeat(CMDLINE_MAX_SIZE);
-        assert!(matches!(write_cmdline(&mem, &long), Err(Error::CmdlineTooLong(..))));
+        assert!(matches!(
+            write_cmdline(&mem, &long),
+            Err(Error::CmdlineTooLong(..))
+        ));
     }
 
     #[test]
@@ -294,7 +365,8 @@ mod tests {
         assert_eq!(addr % PAGE_SIZE, 0);
         assert!(addr + size <= 128 << 20);
         let mut byte = [0u8];
-        mem.read_slice(&mut byte, GuestAddress(addr + size - 1)).unwrap();
+        mem.read_slice(&mut byte, GuestAddress(addr + size - 1))
+            .unwrap();
         assert_eq!(byte, [7]);
     }
 
@@ -307,6 +379,9 @@ mod tests {
         // 40M kernel + 32M runtime margin + 8M initramfs.
         assert!(err.to_string().contains("80M"), "{err}");
         let empty = temp_file("empty-initrd", b"");
-        assert!(matches!(load_initramfs(&mem, 64 << 20, &empty, 1 << 20), Err(Error::EmptyInitramfs(_))));
+        assert!(matches!(
+            load_initramfs(&mem, 64 << 20, &empty, 1 << 20),
+            Err(Error::EmptyInitramfs(_))
+        ));
     }
 }

@@ -52,10 +52,18 @@ pub enum ConfigError {
 /// for QEMU's `-m`.
 pub fn parse_memory_size(text: &str) -> Result<u64, ConfigError> {
     let trimmed = text.trim();
-    let digits_end = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
     let (digits, suffix) = trimmed.split_at(digits_end);
-    let number: u64 = digits.parse().map_err(|_| ConfigError::MemoryNotASize(text.to_string()))?;
-    let shift = match suffix.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| ConfigError::MemoryNotASize(text.to_string()))?;
+    let shift = match suffix
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
         "" if suffix.is_empty() => 20,
         "K" => 10,
         "M" => 20,
@@ -109,11 +117,26 @@ mod tests {
 
     #[test]
     fn bad_sizes_are_named() {
-        assert_eq!(parse_memory_size("lots"), Err(ConfigError::MemoryNotASize("lots".into())));
-        assert_eq!(parse_memory_size("12Q"), Err(ConfigError::MemoryNotASize("12Q".into())));
-        assert_eq!(parse_memory_size("0"), Err(ConfigError::MemoryNotASize("0".into())));
-        assert_eq!(parse_memory_size("-5M"), Err(ConfigError::MemoryNotASize("-5M".into())));
-        assert_eq!(parse_memory_size("100K"), Err(ConfigError::MemoryNotMiBAligned("100K".into())));
+        assert_eq!(
+            parse_memory_size("lots"),
+            Err(ConfigError::MemoryNotASize("lots".into()))
+        );
+        assert_eq!(
+            parse_memory_size("12Q"),
+            Err(ConfigError::MemoryNotASize("12Q".into()))
+        );
+        assert_eq!(
+            parse_memory_size("0"),
+            Err(ConfigError::MemoryNotASize("0".into()))
+        );
+        assert_eq!(
+            parse_memory_size("-5M"),
+            Err(ConfigError::MemoryNotASize("-5M".into()))
+        );
+        assert_eq!(
+            parse_memory_size("100K"),
+            Err(ConfigError::MemoryNotMiBAligned("100K".into()))
+        );
         assert_eq!(
             parse_memory_size("99999999999T"),
             Err(ConfigError::MemoryTooLarge("99999999999T".into()))
@@ -126,7 +149,10 @@ mod tests {
         assert_eq!(parse_vcpu_count(254), Ok(254));
         assert_eq!(parse_vcpu_count(0), Err(ConfigError::VcpuCount(0)));
         assert_eq!(parse_vcpu_count(255), Err(ConfigError::VcpuCount(255)));
-        assert_eq!(parse_vcpu_count(100_000), Err(ConfigError::VcpuCount(100_000)));
+        assert_eq!(
+            parse_vcpu_count(100_000),
+            Err(ConfigError::VcpuCount(100_000))
+        );
         assert!(ConfigError::VcpuCount(0).to_string().contains("--cpus"));
     }
 

@@ -73,7 +73,8 @@ fn flush(guest: &mut Vec<u8>, keys: &mut Vec<Key>) {
     }
 }
 
-const HELP: &str = "\r\nhakoniwa console: Ctrl-A x  quit | Ctrl-A Ctrl-A  send Ctrl-A | Ctrl-A h  this help\r\n";
+const HELP: &str =
+    "\r\nhakoniwa console: Ctrl-A x  quit | Ctrl-A Ctrl-A  send Ctrl-A | Ctrl-A h  this help\r\n";
 
 /// The guest's console output, written straight to stdout so prompts
 /// without a newline show up at once.
@@ -140,36 +141,41 @@ pub fn spawn_input_thread(
     input_space: EventFd,
     events: EventSender,
 ) -> std::io::Result<()> {
-    std::thread::Builder::new().name("console-in".into()).spawn(move || {
-        let mut parser = EscapeParser::default();
-        let mut stdin = std::io::stdin();
-        let mut buf = [0u8; 256];
-        loop {
-            let n = match stdin.read(&mut buf) {
-                Ok(0) => return,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => return,
-            };
-            for key in parser.feed(&buf[..n]) {
-                match key {
-                    Key::Guest(bytes) => feed_guest(&serial, &input_space, &bytes),
-                    Key::Quit => {
-                        events.send(VmmEvent::UserQuit);
-                        return;
+    std::thread::Builder::new()
+        .name("console-in".into())
+        .spawn(move || {
+            let mut parser = EscapeParser::default();
+            let mut stdin = std::io::stdin();
+            let mut buf = [0u8; 256];
+            loop {
+                let n = match stdin.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => return,
+                };
+                for key in parser.feed(&buf[..n]) {
+                    match key {
+                        Key::Guest(bytes) => feed_guest(&serial, &input_space, &bytes),
+                        Key::Quit => {
+                            events.send(VmmEvent::UserQuit);
+                            return;
+                        }
+                        Key::Help => eprint!("{HELP}"),
                     }
-                    Key::Help => eprint!("{HELP}"),
                 }
             }
-        }
-    })?;
+        })?;
     Ok(())
 }
 
 /// Pushes bytes into the FIFO, waiting for the guest to drain it when full.
 fn feed_guest(serial: &Mutex<Serial>, input_space: &EventFd, mut bytes: &[u8]) {
     while !bytes.is_empty() {
-        let taken = serial.lock().unwrap_or_else(|e| e.into_inner()).enqueue_input(bytes);
+        let taken = serial
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .enqueue_input(bytes);
         bytes = &bytes[taken..];
         if !bytes.is_empty() && input_space.read().is_err() {
             return;
@@ -204,7 +210,14 @@ mod tests {
     fn unknown_escape_sends_both_bytes_and_help_is_recognised() {
         let mut p = EscapeParser::default();
         assert_eq!(p.feed(b"\x01q"), vec![Key::Guest(b"\x01q".to_vec())]);
-        assert_eq!(p.feed(b"a\x01hb"), vec![Key::Guest(b"a".to_vec()), Key::Help, Key::Guest(b"b".to_vec())]);
+        assert_eq!(
+            p.feed(b"a\x01hb"),
+            vec![
+                Key::Guest(b"a".to_vec()),
+                Key::Help,
+                Key::Guest(b"b".to_vec())
+            ]
+        );
     }
 
     #[test]

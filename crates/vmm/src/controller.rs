@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use api::{ApiAction, ApiError, ApiResponse, ApiServer, DeviceInfo, VmController, VmInfo, VmState, VmmVersion};
+use api::{
+    ApiAction, ApiError, ApiResponse, ApiServer, DeviceInfo, VmController, VmInfo, VmState,
+    VmmVersion,
+};
 
 use crate::boot::BootProtocol;
 use crate::event::{EventSender, VmmEvent};
@@ -124,7 +127,10 @@ impl VmControl {
         for &thread in &self.vcpu_threads {
             kick(thread);
         }
-        if self.control.wait_parked(self.vcpu_threads.len(), PAUSE_TIMEOUT) {
+        if self
+            .control
+            .wait_parked(self.vcpu_threads.len(), PAUSE_TIMEOUT)
+        {
             Ok(ApiResponse::Empty)
         } else {
             Err(ApiError::internal("not every vCPU stopped within 5 s"))

@@ -59,10 +59,15 @@ pub fn outcome(event: &VmmEvent, exec_mode: bool) -> Outcome {
         if exec_mode {
             Outcome {
                 status: 1,
-                message: Some(format!("the guest {how} before reporting the command's exit status")),
+                message: Some(format!(
+                    "the guest {how} before reporting the command's exit status"
+                )),
             }
         } else {
-            Outcome { status: 0, message: None }
+            Outcome {
+                status: 0,
+                message: Some(format!("the guest {how}")),
+            }
         }
     };
     match event {
@@ -111,13 +116,25 @@ mod tests {
     #[test]
     fn debug_exit_byte_is_the_status() {
         let o = outcome(&VmmEvent::Guest(PlatformExit::DebugExit(7)), true);
-        assert_eq!(o, Outcome { status: 7, message: None });
+        assert_eq!(
+            o,
+            Outcome {
+                status: 7,
+                message: None
+            }
+        );
     }
 
     #[test]
     fn poweroff_is_success_interactively_but_not_for_exec() {
-        assert_eq!(outcome(&VmmEvent::Guest(PlatformExit::PowerOff), false).status, 0);
-        assert_eq!(outcome(&VmmEvent::Guest(PlatformExit::Reboot), false).status, 0);
+        assert_eq!(
+            outcome(&VmmEvent::Guest(PlatformExit::PowerOff), false).status,
+            0
+        );
+        assert_eq!(
+            outcome(&VmmEvent::Guest(PlatformExit::Reboot), false).status,
+            0
+        );
         let o = outcome(&VmmEvent::Guest(PlatformExit::Reboot), true);
         assert_eq!(o.status, 1);
         assert!(o.message.unwrap().contains("rebooted"));

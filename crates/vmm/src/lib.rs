@@ -23,6 +23,7 @@ pub mod vm;
 
 use std::path::PathBuf;
 
+pub use api::io_reason;
 pub use config::VmConfig;
 pub use event::{Outcome, VMM_FAILURE_STATUS};
 pub use vm::run;
@@ -31,24 +32,35 @@ pub use vm::run;
 /// message is one line that names the problem.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot open /dev/kvm: {0} (is KVM available and are you allowed to use it?)")]
+    #[error("cannot open /dev/kvm: {} (is KVM available and are you allowed to use it?)", io_reason(&std::io::Error::from_raw_os_error(.0.errno())))]
     OpenKvm(kvm_ioctls::Error),
     #[error("{0} failed: {1}")]
     Kvm(&'static str, kvm_ioctls::Error),
     #[error("cannot allocate guest memory: {0}")]
     GuestMemory(String),
-    #[error("cannot open {0} {1}: {2}")]
-    OpenFile(&'static str, PathBuf, std::io::Error),
-    #[error("cannot read {0} {1}: {2}")]
-    ReadFile(&'static str, PathBuf, String),
-    #[error("{0} is not a Linux kernel (neither a bzImage nor an ELF vmlinux)")]
+    #[error("cannot open {what} {}: {}", path.display(), io_reason(error))]
+    OpenFile {
+        what: &'static str,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("cannot read {what} {}: {reason}", path.display())]
+    ReadFile {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("{} is not a Linux kernel (neither a bzImage nor an ELF vmlinux)", .0.display())]
     NotAKernel(PathBuf),
-    #[error("cannot boot kernel {0}: {1}")]
-    BadKernel(PathBuf, String),
-    #[error("initramfs {0} is empty")]
+    #[error("cannot boot kernel {}: {reason}", path.display())]
+    BadKernel { path: PathBuf, reason: String },
+    #[error("initramfs {} is empty", .0.display())]
     EmptyInitramfs(PathBuf),
     #[error("--memory {given} is too small for this kernel and initramfs{}", needed.as_ref().map(|n| format!(": they need at least {n}")).unwrap_or_default())]
-    MemoryTooSmall { given: String, needed: Option<String> },
+    MemoryTooSmall {
+        given: String,
+        needed: Option<String>,
+    },
     #[error("--memory {given} is more than the host's memory ({host})")]
     MemoryAboveHost { given: String, host: String },
     #[error("kernel command line is too long ({0} bytes; at most {1})")]
@@ -57,8 +69,11 @@ pub enum Error {
     BadCmdline(String),
     #[error("device {0}: {1}")]
     Device(String, String),
-    #[error("cannot start the {0} thread: {1}")]
-    Thread(&'static str, std::io::Error),
+    #[error("cannot start the {what} thread: {}", io_reason(error))]
+    Thread {
+        what: &'static str,
+        error: std::io::Error,
+    },
     #[error("signal setup failed: {0}")]
     Signal(String),
     #[error("{0}")]

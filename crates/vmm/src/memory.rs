@@ -39,7 +39,8 @@ pub fn register_guest_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), Err
         // bytes owned by `mem`, which the VM keeps for as long as the VmFd
         // exists; the guest-physical ranges come from `ram_regions` and do
         // not overlap.
-        unsafe { vm.set_user_memory_region(entry) }.map_err(|e| Error::Kvm("KVM_SET_USER_MEMORY_REGION", e))?;
+        unsafe { vm.set_user_memory_region(entry) }
+            .map_err(|e| Error::Kvm("KVM_SET_USER_MEMORY_REGION", e))?;
     }
     Ok(())
 }

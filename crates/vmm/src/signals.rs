@@ -27,7 +27,9 @@ pub fn block_stop_signals() -> Result<(), Error> {
     // SAFETY: `set` is initialised; a null old-set pointer is allowed.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     if rc != 0 {
-        return Err(Error::Signal(std::io::Error::from_raw_os_error(rc).to_string()));
+        return Err(Error::Signal(
+            std::io::Error::from_raw_os_error(rc).to_string(),
+        ));
     }
     Ok(())
 }

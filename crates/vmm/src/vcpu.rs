@@ -45,7 +45,8 @@ pub fn kick_signal() -> i32 {
 
 /// Installs the kick handler (once per process).
 pub fn install_kick_handler() -> Result<(), crate::Error> {
-    register_signal_handler(kick_signal(), handle_kick).map_err(|e| crate::Error::Signal(e.to_string()))
+    register_signal_handler(kick_signal(), handle_kick)
+        .map_err(|e| crate::Error::Signal(e.to_string()))
 }
 
 /// What the VMM wants the vCPUs to do.
@@ -93,7 +94,9 @@ impl RunControl {
         let guard = self.lock();
         let (guard, _) = self
             .changed
-            .wait_timeout_while(guard, timeout, |(desired, parked)| *desired == Desired::Pause && *parked < count)
+            .wait_timeout_while(guard, timeout, |(desired, parked)| {
+                *desired == Desired::Pause && *parked < count
+            })
             .unwrap_or_else(|e| e.into_inner());
         guard.0 == Desired::Pause && guard.1 >= count
     }
@@ -142,7 +145,8 @@ impl Vcpu {
                     break;
                 }
                 Err(message) => {
-                    self.events.send(VmmEvent::Error(format!("vCPU {}: {message}", self.index)));
+                    self.events
+                        .send(VmmEvent::Error(format!("vCPU {}: {message}", self.index)));
                     break;
                 }
             }
@@ -183,13 +187,17 @@ impl Vcpu {
             VcpuExit::Intr => {}
             VcpuExit::Shutdown => return Ok(Some(VmmEvent::TripleFault)),
             VcpuExit::SystemEvent(kind, _) => match kind {
-                KVM_SYSTEM_EVENT_SHUTDOWN => return Ok(Some(VmmEvent::Guest(PlatformExit::PowerOff))),
+                KVM_SYSTEM_EVENT_SHUTDOWN => {
+                    return Ok(Some(VmmEvent::Guest(PlatformExit::PowerOff)))
+                }
                 KVM_SYSTEM_EVENT_RESET => return Ok(Some(VmmEvent::Guest(PlatformExit::Reboot))),
                 other => return Err(format!("unexpected system event {other}")),
             },
             VcpuExit::Hlt => return Err("halted with the irqchip in userspace".into()),
             VcpuExit::FailEntry(reason, cpu) => {
-                return Err(format!("VM entry failed (hardware reason {reason:#x}, cpu {cpu})"))
+                return Err(format!(
+                    "VM entry failed (hardware reason {reason:#x}, cpu {cpu})"
+                ))
             }
             VcpuExit::InternalError => return Err("KVM internal error (emulation failure)".into()),
             other => return Err(format!("unexpected exit {other:?}")),

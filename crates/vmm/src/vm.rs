@@ -10,11 +10,16 @@ use std::time::{Duration, Instant};
 use arch::acpi::{write_acpi_tables, AcpiPlatform, LegacyDevice, S5_SLEEP_TYPE};
 use arch::cpuid::{patch_cpuid, CpuidOptions};
 use arch::layout::{KVM_IDENTITY_MAP_ADDRESS, KVM_TSS_ADDRESS};
+use arch::reset_vector::write_reset_vector;
 use devices::legacy::acpi_pm::{
-    ACPI_PM_PORT, ACPI_PM_PORT_COUNT, RESET_OFFSET, RESET_VALUE, SLEEP_CONTROL_OFFSET, SLEEP_STATUS_OFFSET,
+    ACPI_PM_PORT, ACPI_PM_PORT_COUNT, RESET_OFFSET, RESET_VALUE, SLEEP_CONTROL_OFFSET,
+    SLEEP_STATUS_OFFSET,
 };
 use devices::legacy::debug_exit::DEBUG_EXIT_PORT;
-use devices::legacy::{AcpiPm, DebugExit, Serial, COM1_IRQ, COM1_PORT, I8042, I8042_PORT, I8042_PORT_COUNT};
+use devices::legacy::{
+    AcpiPm, DebugExit, Serial, COM1_IRQ, COM1_PORT, I8042, I8042_PORT, I8042_PORT_COUNT,
+};
+use devices::pci::{HostBridge, PciConfigIo, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_PORT_COUNT};
 use devices::{Bus, ExitNotifier, SharedDevice};
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VmFd};
@@ -23,7 +28,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 
-use crate::boot::load_boot_images;
+use crate::boot::{check_boot_files, load_boot_images};
 use crate::config::{format_size, VmConfig};
 use crate::console::{spawn_input_thread, ConsoleOutput, RawTerminal};
 use crate::controller::{DeviceDescription, VmControl, VmDescription};
@@ -53,6 +58,7 @@ struct Platform {
 pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     signals::block_stop_signals()?;
     check_host_memory(config.memory_bytes)?;
+    check_boot_files(&config.kernel, config.initramfs.as_deref())?;
 
     let (events, ending) = channel();
     let control = Arc::new(RunControl::default());
@@ -64,6 +70,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     let notifier = exit_notifier(control.clone(), events.clone());
     let platform = create_platform(&vm_fd, notifier)?;
     let rsdp = write_acpi_tables(&memory, &acpi_platform(config.vcpus))?;
+    write_reset_vector(&memory, ACPI_PM_PORT + RESET_OFFSET as u16, RESET_VALUE)?;
     let cmdline = guest_cmdline(config);
     let entry = load_boot_images(
         &memory,
@@ -94,7 +101,8 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
             .map_err(|e| Error::Kvm("KVM_CREATE_VCPU", e))?;
         let mut cpuid = supported_cpuid.clone();
         patch_cpuid(&mut cpuid, index, cpuid_options);
-        fd.set_cpuid2(&cpuid).map_err(|e| Error::Kvm("KVM_SET_CPUID2", e))?;
+        fd.set_cpuid2(&cpuid)
+            .map_err(|e| Error::Kvm("KVM_SET_CPUID2", e))?;
         arch::regs::setup_msrs(&fd)?;
         arch::regs::setup_fpu(&fd)?;
         arch::regs::setup_lint(&fd)?;
@@ -109,7 +117,11 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
             control: control.clone(),
             events: events.clone(),
         };
-        vm.vcpu_threads.push(vcpu.spawn().map_err(|e| Error::Thread("vCPU", e))?);
+        vm.vcpu_threads
+            .push(vcpu.spawn().map_err(|e| Error::Thread {
+                what: "vCPU",
+                error: e,
+            })?);
     }
 
     // Interactive console unless the guest runs a command for us.
@@ -118,8 +130,15 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         if raw.is_some() {
             eprint!("hakoniwa: console on COM1; Ctrl-A x quits, Ctrl-A h for help\r\n");
         }
-        spawn_input_thread(platform.serial.clone(), platform.serial_input_space, events.clone())
-            .map_err(|e| Error::Thread("console", e))?;
+        spawn_input_thread(
+            platform.serial.clone(),
+            platform.serial_input_space,
+            events.clone(),
+        )
+        .map_err(|e| Error::Thread {
+            what: "console",
+            error: e,
+        })?;
         raw
     } else {
         None
@@ -135,13 +154,23 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         devices: platform.devices,
     };
     let vcpu_pthreads = vm.vcpu_threads.iter().map(|t| t.as_pthread_t()).collect();
-    let vm_control = Arc::new(VmControl::new(description, control.clone(), vcpu_pthreads, events.clone()));
+    let vm_control = Arc::new(VmControl::new(
+        description,
+        control.clone(),
+        vcpu_pthreads,
+        events.clone(),
+    ));
     let _api_server = match &config.api_socket {
-        Some(path) => Some(crate::controller::start_api_server(path, vm_control.clone())?),
+        Some(path) => Some(crate::controller::start_api_server(
+            path,
+            vm_control.clone(),
+        )?),
         None => None,
     };
 
-    let event = ending.recv().unwrap_or(VmmEvent::Error("event channel closed".into()));
+    let event = ending
+        .recv()
+        .unwrap_or(VmmEvent::Error("event channel closed".into()));
     vm.stop();
     Ok(outcome(&event, config.exec.is_some()))
 }
@@ -174,19 +203,23 @@ pub fn kick(thread: libc::pthread_t) {
 }
 
 fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
-    let vm = kvm.create_vm().map_err(|e| Error::Kvm("KVM_CREATE_VM", e))?;
+    let vm = kvm
+        .create_vm()
+        .map_err(|e| Error::Kvm("KVM_CREATE_VM", e))?;
     vm.set_tss_address(KVM_TSS_ADDRESS as usize)
         .map_err(|e| Error::Kvm("KVM_SET_TSS_ADDR", e))?;
     vm.set_identity_map_address(KVM_IDENTITY_MAP_ADDRESS)
         .map_err(|e| Error::Kvm("KVM_SET_IDENTITY_MAP_ADDR", e))?;
     // In-kernel PIC, IOAPIC and local APICs; then the PIT, whose speaker
     // port (0x61) KVM also emulates, so timer calibration never exits.
-    vm.create_irq_chip().map_err(|e| Error::Kvm("KVM_CREATE_IRQCHIP", e))?;
+    vm.create_irq_chip()
+        .map_err(|e| Error::Kvm("KVM_CREATE_IRQCHIP", e))?;
     let pit = kvm_pit_config {
         flags: KVM_PIT_SPEAKER_DUMMY,
         ..Default::default()
     };
-    vm.create_pit2(pit).map_err(|e| Error::Kvm("KVM_CREATE_PIT2", e))?;
+    vm.create_pit2(pit)
+        .map_err(|e| Error::Kvm("KVM_CREATE_PIT2", e))?;
     Ok(vm)
 }
 
@@ -209,14 +242,19 @@ fn create_platform(vm: &VmFd, notifier: ExitNotifier) -> Result<Platform, Error>
         Ok::<(), Error>(())
     };
 
-    let interrupt = EventFd::new(EFD_NONBLOCK).map_err(|e| Error::Device("com1".into(), e.to_string()))?;
+    let interrupt =
+        EventFd::new(EFD_NONBLOCK).map_err(|e| Error::Device("com1".into(), e.to_string()))?;
     vm.register_irqfd(&interrupt, COM1_IRQ)
         .map_err(|e| Error::Kvm("KVM_IRQFD", e))?;
     let input_space = EventFd::new(0).map_err(|e| Error::Device("com1".into(), e.to_string()))?;
     let input_space_feeder = input_space
         .try_clone()
         .map_err(|e| Error::Device("com1".into(), e.to_string()))?;
-    let serial = Arc::new(Mutex::new(Serial::new(interrupt, input_space, Box::new(ConsoleOutput))));
+    let serial = Arc::new(Mutex::new(Serial::new(
+        interrupt,
+        input_space,
+        Box::new(ConsoleOutput),
+    )));
     add(
         serial.clone(),
         COM1_PORT,
@@ -233,7 +271,27 @@ fn create_platform(vm: &VmFd, notifier: ExitNotifier) -> Result<Platform, Error>
         Arc::new(Mutex::new(AcpiPm::new(notifier.clone(), S5_SLEEP_TYPE))),
         ACPI_PM_PORT,
         ACPI_PM_PORT_COUNT,
-        DeviceDescription::legacy("acpi-pm", "acpi-power-management", ACPI_PM_PORT, ACPI_PM_PORT_COUNT, None),
+        DeviceDescription::legacy(
+            "acpi-pm",
+            "acpi-power-management",
+            ACPI_PM_PORT,
+            ACPI_PM_PORT_COUNT,
+            None,
+        ),
+    )?;
+    let mut pci = PciConfigIo::default();
+    pci.add_function(0, Box::new(HostBridge));
+    add(
+        Arc::new(Mutex::new(pci)),
+        PCI_CONFIG_IO_PORT,
+        PCI_CONFIG_IO_PORT_COUNT,
+        DeviceDescription::legacy(
+            "pci-config",
+            "pci-config-mechanism-1",
+            PCI_CONFIG_IO_PORT,
+            PCI_CONFIG_IO_PORT_COUNT,
+            None,
+        ),
     )?;
     add(
         Arc::new(Mutex::new(DebugExit::new(notifier))),
@@ -262,7 +320,10 @@ fn acpi_platform(vcpu_count: u8) -> AcpiPlatform {
             io: (COM1_PORT, 8),
             irq: Some(COM1_IRQ),
         }],
-        reserved_io: vec![(DEBUG_EXIT_PORT, 1), (ACPI_PM_PORT, ACPI_PM_PORT_COUNT as u8)],
+        reserved_io: vec![
+            (DEBUG_EXIT_PORT, 1),
+            (ACPI_PM_PORT, ACPI_PM_PORT_COUNT as u8),
+        ],
     }
 }
 
@@ -270,14 +331,20 @@ fn acpi_platform(vcpu_count: u8) -> AcpiPlatform {
 /// command to run, base64-encoded so it survives the kernel's parser.
 pub fn guest_cmdline(config: &VmConfig) -> String {
     match &config.exec {
-        Some(command) => format!("{} hk.cmd={}", config.cmdline, BASE64.encode(command.as_bytes())),
+        Some(command) => format!(
+            "{} hk.cmd={}",
+            config.cmdline,
+            BASE64.encode(command.as_bytes())
+        ),
         None => config.cmdline.clone(),
     }
 }
 
 /// Refuses guests larger than the host's RAM.
 fn check_host_memory(requested: u64) -> Result<(), Error> {
-    let Some(host) = host_memory_bytes() else { return Ok(()) };
+    let Some(host) = host_memory_bytes() else {
+        return Ok(());
+    };
     if requested > host {
         return Err(Error::MemoryAboveHost {
             given: format_size(requested),
