@@ -18,7 +18,7 @@ use linux_loader::loader::elf::PvhBootCapability;
 use linux_loader::loader::{
     bzimage::BzImage, elf::Elf, load_cmdline, KernelLoader, KernelLoaderResult,
 };
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 use crate::config::format_size;
 use crate::memory::GuestMemoryMmap;
@@ -83,26 +83,63 @@ pub fn detect_kernel_format(path: &Path) -> Result<KernelFormat, Error> {
     }
 }
 
-/// Checks the user's files before any KVM work: the kernel is a kernel,
-/// the initramfs can be read.
-pub fn check_boot_files(kernel: &Path, initramfs: Option<&Path>) -> Result<(), Error> {
-    detect_kernel_format(kernel)?;
-    if let Some(path) = initramfs {
-        let mut file = open(path, "initramfs")?;
-        let mut first = [0u8; 1];
-        match file.read(&mut first) {
-            Ok(0) => return Err(Error::EmptyInitramfs(path.to_path_buf())),
-            Ok(_) => {}
-            Err(e) => {
-                return Err(Error::ReadFile {
-                    what: "initramfs",
-                    path: path.to_path_buf(),
-                    reason: io_reason(&e),
-                })
-            }
-        }
+/// Checks the user's files before any KVM work: the kernel is a kernel
+/// that can boot, the initramfs can be read, and both fit in `mem_size`
+/// (for a bzImage, whose header says how much room it needs).
+pub fn check_boot_files(
+    kernel: &Path,
+    initramfs: Option<&Path>,
+    mem_size: u64,
+) -> Result<(), Error> {
+    let format = detect_kernel_format(kernel)?;
+    let initramfs_size = match initramfs {
+        Some(path) => initramfs_size(path)?,
+        None => 0,
+    };
+    if format == KernelFormat::BzImage {
+        let header = read_setup_header(kernel)?;
+        check_64bit_protocol(kernel, &header)?;
+        let footprint = header.pref_address.max(HIMEM_START) + u64::from(header.init_size);
+        check_fits(
+            mem_size,
+            footprint + KERNEL_RUNTIME_MARGIN + initramfs_size.next_multiple_of(PAGE_SIZE),
+        )?;
     }
     Ok(())
+}
+
+/// Size of a readable, non-empty initramfs.
+fn initramfs_size(path: &Path) -> Result<u64, Error> {
+    let mut file = open(path, "initramfs")?;
+    let mut first = [0u8; 1];
+    match file.read(&mut first) {
+        Ok(0) => Err(Error::EmptyInitramfs(path.to_path_buf())),
+        Ok(_) => file
+            .metadata()
+            .map(|m| m.len())
+            .map_err(|e| Error::ReadFile {
+                what: "initramfs",
+                path: path.to_path_buf(),
+                reason: io_reason(&e),
+            }),
+        Err(e) => Err(Error::ReadFile {
+            what: "initramfs",
+            path: path.to_path_buf(),
+            reason: io_reason(&e),
+        }),
+    }
+}
+
+/// Offset of the setup header in a bzImage.
+const SETUP_HEADER_OFFSET: u64 = 0x1f1;
+
+fn read_setup_header(kernel: &Path) -> Result<setup_header, Error> {
+    let mut file = open(kernel, "kernel")?;
+    let mut header = setup_header::default();
+    file.seek(SeekFrom::Start(SETUP_HEADER_OFFSET))
+        .and_then(|_| file.read_exact(header.as_mut_slice()))
+        .map_err(|_| Error::NotAKernel(kernel.to_path_buf()))?;
+    Ok(header)
 }
 
 fn open(path: &Path, what: &'static str) -> Result<File, Error> {

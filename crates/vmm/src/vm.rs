@@ -58,7 +58,11 @@ struct Platform {
 pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     signals::block_stop_signals()?;
     check_host_memory(config.memory_bytes)?;
-    check_boot_files(&config.kernel, config.initramfs.as_deref())?;
+    check_boot_files(
+        &config.kernel,
+        config.initramfs.as_deref(),
+        config.memory_bytes,
+    )?;
 
     let (events, ending) = channel();
     let control = Arc::new(RunControl::default());

@@ -1,0 +1,161 @@
+//! Bad input to `hakoniwa run` gets one line naming the problem and a
+//! non-zero exit, never a panic. These need no KVM: every check happens
+//! before a VM is created.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::run_to_end;
+
+fn temp_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hakoniwa-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A file with a bzImage setup header (64-bit protocol 2.15) that asks for
+/// 64 MiB at 16 MiB: enough for hakoniwa's checks, never booted.
+fn fake_bzimage() -> PathBuf {
+    let mut image = vec![0u8; 0x2000];
+    image[0x1f1] = 4; // setup_sects
+    image[0x1fe..0x200].copy_from_slice(&0xaa55u16.to_le_bytes());
+    image[0x202..0x206].copy_from_slice(b"HdrS");
+    image[0x206..0x208].copy_from_slice(&0x020fu16.to_le_bytes()); // version
+    image[0x211] = 0x01; // loadflags: LOADED_HIGH
+    image[0x236..0x238].copy_from_slice(&0x0001u16.to_le_bytes()); // xloadflags: XLF_KERNEL_64
+    image[0x258..0x260].copy_from_slice(&0x0100_0000u64.to_le_bytes()); // pref_address
+    image[0x260..0x264].copy_from_slice(&0x0400_0000u32.to_le_bytes()); // init_size
+    let path = temp_dir().join("fake-bzImage");
+    std::fs::write(&path, image).unwrap();
+    path
+}
+
+/// Runs hakoniwa and checks the shape of a user error: non-zero status,
+/// exactly one line on stderr, naming `needle`, no panic or backtrace.
+fn expect_error(args: &[&str], needle: &str) -> (i32, String) {
+    let (code, stdout, stderr) = run_to_end(args, Duration::from_secs(30));
+    assert_ne!(code, 0, "should fail: {args:?}\nstderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one line expected for {args:?}, got:\n{stderr}"
+    );
+    assert!(lines[0].starts_with("hakoniwa: "), "{stderr}");
+    assert!(
+        lines[0].contains(needle),
+        "expected {needle:?} in: {stderr}"
+    );
+    for bad in ["panicked", "backtrace", "RUST_BACKTRACE"] {
+        assert!(!stderr.contains(bad), "{stderr}");
+    }
+    assert!(
+        stdout.is_empty(),
+        "nothing on stdout for a user error: {stdout}"
+    );
+    (code, stderr)
+}
+
+#[test]
+fn missing_kernel_file() {
+    expect_error(
+        &["run", "--kernel", "/nonexistent/vmlinuz"],
+        "/nonexistent/vmlinuz",
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_kernel() {
+    let path = temp_dir().join("not-a-kernel.txt");
+    std::fs::write(&path, "hello, I am text\n").unwrap();
+    let (_, stderr) = expect_error(
+        &["run", "--kernel", path.to_str().unwrap()],
+        "not a Linux kernel",
+    );
+    assert!(stderr.contains("not-a-kernel.txt"));
+}
+
+#[test]
+fn memory_below_the_kernels_needs() {
+    let kernel = fake_bzimage();
+    let (_, stderr) = expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--memory",
+            "64M",
+        ],
+        "too small",
+    );
+    // 16 MiB load address + 64 MiB init_size + 32 MiB margin.
+    assert!(stderr.contains("112M"), "{stderr}");
+}
+
+#[test]
+fn memory_above_the_hosts() {
+    let kernel = fake_bzimage();
+    expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--memory",
+            "100T",
+        ],
+        "more than the host's memory",
+    );
+}
+
+#[test]
+fn memory_that_is_not_a_size() {
+    expect_error(&["run", "--memory", "lots"], "--memory");
+}
+
+#[test]
+fn zero_cpus() {
+    expect_error(&["run", "--cpus", "0"], "--cpus");
+}
+
+#[test]
+fn unknown_flags() {
+    let (code, _) = expect_error(&["run", "--frobnicate"], "--frobnicate");
+    assert_eq!(code, 2, "usage errors exit 2");
+}
+
+#[test]
+fn unreadable_initramfs() {
+    let kernel = fake_bzimage();
+    let dir = temp_dir();
+    // A directory cannot be read as a file, even by root.
+    expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--initramfs",
+            dir.to_str().unwrap(),
+        ],
+        "cannot read initramfs",
+    );
+    expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--initramfs",
+            "/nonexistent/initrd",
+        ],
+        "/nonexistent/initrd",
+    );
+}
+
+#[test]
+fn ctl_without_a_running_vmm() {
+    expect_error(
+        &["ctl", "--api-socket", "/nonexistent/hakoniwa.sock", "info"],
+        "cannot connect to API socket",
+    );
+}

@@ -1,0 +1,163 @@
+//! Helpers for tests that run the real `hakoniwa` binary.
+
+#![allow(dead_code)] // each test file uses a different subset
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a guest may take to reach a point. The rig (nested KVM under
+/// TCG) is slow and shared by parallel tests, so this is generous.
+pub const GUEST_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// The interactive shell's prompt in the default guest.
+pub const PROMPT: &str = "hakoniwa:/# ";
+
+pub fn hakoniwa() -> &'static str {
+    env!("CARGO_BIN_EXE_hakoniwa")
+}
+
+pub fn project_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Guest tests need hardware-style KVM. On a PVM host (or none) they would
+/// emulate a stock kernel ~500x slower; say how to run them instead.
+pub fn require_hardware_kvm() {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let has_vmx_svm = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
+    let pvm = Path::new("/sys/module/kvm_pvm").exists();
+    assert!(
+        has_vmx_svm && !pvm && Path::new("/dev/kvm").exists(),
+        "this test boots a real guest and needs hardware KVM; run it through the rig (scripts/test does)"
+    );
+    assert!(
+        project_root().join("build/guest/vmlinuz").exists(),
+        "the default guest is not built: run scripts/build-guest"
+    );
+}
+
+/// A running `hakoniwa` with its console captured.
+pub struct Vmm {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
+    let buffer = Arc::new(Mutex::new(Vec::new()));
+    let sink = buffer.clone();
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = from.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&chunk[..n]);
+        }
+    });
+    buffer
+}
+
+impl Vmm {
+    /// Starts `hakoniwa <args>` with piped stdin, stdout and stderr.
+    pub fn spawn(args: &[&str]) -> Vmm {
+        let mut child = Command::new(hakoniwa())
+            .args(args)
+            .current_dir(project_root())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start hakoniwa");
+        let stdout = collect(child.stdout.take().unwrap());
+        let stderr = collect(child.stderr.take().unwrap());
+        Vmm {
+            stdin: child.stdin.take(),
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.stdout.lock().unwrap()).into_owned()
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+    }
+
+    /// Waits until the console shows `needle`.
+    pub fn wait_for(&self, needle: &str) {
+        let deadline = Instant::now() + GUEST_TIMEOUT;
+        while Instant::now() < deadline {
+            if self.stdout().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "no {needle:?} on the console within {GUEST_TIMEOUT:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.stdout(),
+            self.stderr()
+        );
+    }
+
+    /// Types `text` on the console.
+    pub fn send(&mut self, text: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin closed");
+        stdin.write_all(text.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Waits for hakoniwa to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Let the readers drain what is left in the pipes.
+                std::thread::sleep(Duration::from_millis(100));
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "hakoniwa did not exit within {timeout:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                    self.stdout(),
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0);
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `hakoniwa <args>` to completion: (exit code, stdout, stderr).
+pub fn run_to_end(args: &[&str], timeout: Duration) -> (i32, String, String) {
+    let mut vmm = Vmm::spawn(args);
+    drop(vmm.stdin.take());
+    let status = vmm.wait_exit(timeout);
+    (status.code().unwrap_or(-1), vmm.stdout(), vmm.stderr())
+}

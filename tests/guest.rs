@@ -1,0 +1,220 @@
+//! Integration tests that boot the default guest (Debian's stock kernel and
+//! the busybox initramfs) on real KVM.
+//!
+//! They are `#[ignore]`d in a plain `cargo test` because these machines'
+//! /dev/kvm (PVM) cannot run a stock kernel at speed; `scripts/test` runs
+//! them with `--ignored` inside the rig, where KVM is hardware-style.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{hakoniwa, require_hardware_kvm, run_to_end, Vmm, GUEST_TIMEOUT, PROMPT};
+
+/// `hakoniwa run --exec` with extra flags: (status, stdout, stderr).
+fn exec(flags: &[&str], command: &str) -> (i32, String, String) {
+    require_hardware_kvm();
+    let mut args = vec!["run"];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--exec", command]);
+    run_to_end(&args, GUEST_TIMEOUT)
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn interactive_shell_runs_commands_and_powers_off() {
+    require_hardware_kvm();
+    let mut vmm = Vmm::spawn(&["run"]);
+    vmm.wait_for(PROMPT);
+    vmm.send("echo hi-$((6*7))\n");
+    vmm.wait_for("hi-42");
+    vmm.send("poweroff -f\n");
+    let status = vmm.wait_exit(GUEST_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "{}", vmm.stderr());
+    assert!(vmm.stderr().contains("powered off"), "{}", vmm.stderr());
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn exec_prints_the_output_and_returns_the_status() {
+    let (status, stdout, stderr) = exec(&[], "echo out; echo err >&2; exit 7");
+    assert_eq!(status, 7, "stderr: {stderr}");
+    // Nothing but the command's own output: no boot messages, no \r.
+    assert_eq!(stdout, "out\nerr\n");
+}
+
+/// `nproc` and the memory the kernel found must match the command line.
+fn check_cpus_and_memory(cpus: u32, memory_mib: u64) {
+    let (cpus_flag, memory_flag) = (cpus.to_string(), format!("{memory_mib}M"));
+    let (status, stdout, stderr) = exec(
+        &["--cpus", &cpus_flag, "--memory", &memory_flag],
+        "nproc; dmesg | grep -o 'Memory: [0-9]*K/[0-9]*K'; grep MemTotal /proc/meminfo",
+    );
+    assert_eq!(status, 0, "stderr: {stderr}\nstdout: {stdout}");
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some(cpus_flag.as_str()), "nproc: {stdout}");
+
+    // "Memory: <available>K/<total>K": total is all RAM in the e820 map,
+    // which is --memory less the BIOS area below 1 MiB.
+    let memory_line = lines.next().expect("no Memory: line");
+    let total_kib: u64 = memory_line
+        .rsplit('/')
+        .next()
+        .and_then(|t| t.trim_end_matches('K').parse().ok())
+        .unwrap_or_else(|| panic!("cannot parse {memory_line:?}"));
+    let requested_kib = memory_mib * 1024;
+    assert!(
+        total_kib <= requested_kib && total_kib + 1024 >= requested_kib,
+        "kernel saw {total_kib} KiB of RAM for --memory {memory_mib}M"
+    );
+    let mem_total_kib: u64 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .expect("no MemTotal");
+    assert!(
+        mem_total_kib * 10 >= requested_kib * 8,
+        "MemTotal {mem_total_kib} KiB is far below {requested_kib} KiB"
+    );
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn one_cpu_and_256m() {
+    check_cpus_and_memory(1, 256);
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn two_cpus_and_768m() {
+    check_cpus_and_memory(2, 768);
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn four_cpus_and_3584m_across_the_mmio_hole() {
+    // More than 3 GiB: RAM continues above 4 GiB.
+    check_cpus_and_memory(4, 3584);
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn reboot_ends_the_vmm() {
+    require_hardware_kvm();
+    let mut vmm = Vmm::spawn(&["run"]);
+    vmm.wait_for(PROMPT);
+    vmm.send("reboot -f\n");
+    let status = vmm.wait_exit(GUEST_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "{}", vmm.stderr());
+    assert!(vmm.stderr().contains("rebooted"), "{}", vmm.stderr());
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn sigterm_ends_the_vmm_cleanly() {
+    require_hardware_kvm();
+    let mut vmm = Vmm::spawn(&["run", "--cpus", "2"]);
+    vmm.wait_for(PROMPT);
+    vmm.signal(libc::SIGTERM);
+    let status = vmm.wait_exit(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{}", vmm.stderr());
+    assert!(vmm.stderr().contains("SIGTERM"), "{}", vmm.stderr());
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn elf_vmlinux_boots_through_pvh() {
+    let root = common::project_root();
+    let vmlinux = root.join("build/guest/vmlinux");
+    let initramfs = root.join("build/guest/initramfs.cpio.gz");
+    let (status, stdout, stderr) = exec(
+        &[
+            "--kernel",
+            vmlinux.to_str().unwrap(),
+            "--initramfs",
+            initramfs.to_str().unwrap(),
+        ],
+        "echo pvh-ok; dmesg | grep -c 'Booting paravirtualized kernel on KVM'",
+    );
+    assert_eq!(status, 0, "stderr: {stderr}");
+    assert_eq!(stdout, "pvh-ok\n1\n");
+}
+
+fn ctl(socket: &str, command: &str) -> (bool, String) {
+    let out = Command::new(hakoniwa())
+        .args(["ctl", "--api-socket", socket, command])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn api_describes_pauses_resumes_and_shuts_down_the_vm() {
+    require_hardware_kvm();
+    let socket =
+        std::env::temp_dir().join(format!("hakoniwa-api-test-{}.sock", std::process::id()));
+    let socket = socket.to_str().unwrap().to_string();
+    let mut vmm = Vmm::spawn(&[
+        "run",
+        "--cpus",
+        "2",
+        "--memory",
+        "384M",
+        "--api-socket",
+        &socket,
+    ]);
+    vmm.wait_for(PROMPT);
+
+    let (ok, info) = ctl(&socket, "info");
+    assert!(ok, "{info}");
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["state"], "running");
+    assert_eq!(info["vcpus"], 2);
+    assert_eq!(info["memory_mib"], 384);
+    assert_eq!(info["boot_protocol"], "linux-64bit");
+    let ids: Vec<&str> = info["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["id"].as_str())
+        .collect();
+    assert!(
+        ids.contains(&"com1") && ids.contains(&"debug-exit"),
+        "{ids:?}"
+    );
+
+    let (ok, out) = ctl(&socket, "pause");
+    assert!(ok, "{out}");
+    let (_, info) = ctl(&socket, "info");
+    assert!(info.contains("\"paused\""), "{info}");
+    let (ok, out) = ctl(&socket, "pause");
+    assert!(
+        !ok && out.contains("409"),
+        "pausing twice must be refused: {out}"
+    );
+
+    // A paused guest does not run: what we type is not echoed...
+    vmm.send("echo resumed-$((20+3))\n");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !vmm.stdout().contains("resumed-23"),
+        "the guest ran while paused"
+    );
+    // ...until it is resumed.
+    let (ok, out) = ctl(&socket, "resume");
+    assert!(ok, "{out}");
+    vmm.wait_for("resumed-23");
+
+    let (ok, out) = ctl(&socket, "shutdown");
+    assert!(ok, "{out}");
+    let status = vmm.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "{}", vmm.stderr());
+    assert!(
+        !std::path::Path::new(&socket).exists(),
+        "the API socket must be removed"
+    );
+}
