@@ -44,12 +44,14 @@ fn exec_prints_the_output_and_returns_the_status() {
     assert_eq!(stdout, "out\nerr\n");
 }
 
-/// `nproc` and the memory the kernel found must match the command line.
+/// `nproc` and the memory the kernel found must match the command line,
+/// and the guest must run on KVM's paravirtual clock.
 fn check_cpus_and_memory(cpus: u32, memory_mib: u64) {
     let (cpus_flag, memory_flag) = (cpus.to_string(), format!("{memory_mib}M"));
     let (status, stdout, stderr) = exec(
         &["--cpus", &cpus_flag, "--memory", &memory_flag],
-        "nproc; dmesg | grep -o 'Memory: [0-9]*K/[0-9]*K'; grep MemTotal /proc/meminfo",
+        "nproc; dmesg | grep -o 'Memory: [0-9]*K/[0-9]*K'; grep MemTotal /proc/meminfo; \
+         cat /sys/devices/system/clocksource/clocksource0/current_clocksource",
     );
     assert_eq!(status, 0, "stderr: {stderr}\nstdout: {stdout}");
     let mut lines = stdout.lines();
@@ -217,4 +219,99 @@ fn api_describes_pauses_resumes_and_shuts_down_the_vm() {
         !std::path::Path::new(&socket).exists(),
         "the API socket must be removed"
     );
+}
+
+/// A pseudo-terminal pair: hakoniwa gets the follower side as its terminal.
+struct Pty {
+    leader: std::fs::File,
+    follower: std::fs::File,
+}
+
+fn open_pty() -> Pty {
+    use std::os::fd::FromRawFd;
+    let (mut leader, mut follower) = (0, 0);
+    // SAFETY: openpty writes two new descriptors into the out-pointers;
+    // the name, termios and winsize arguments may be null.
+    let rc = unsafe {
+        libc::openpty(
+            &mut leader,
+            &mut follower,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty failed");
+    // SAFETY: both descriptors are fresh and owned by nobody else.
+    unsafe {
+        Pty {
+            leader: std::fs::File::from_raw_fd(leader),
+            follower: std::fs::File::from_raw_fd(follower),
+        }
+    }
+}
+
+fn terminal_mode(file: &std::fs::File) -> libc::termios {
+    use std::os::fd::AsRawFd;
+    // SAFETY: termios is plain data that tcgetattr fills in.
+    let mut mode: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a valid out-pointer.
+    assert_eq!(unsafe { libc::tcgetattr(file.as_raw_fd(), &mut mode) }, 0);
+    mode
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn terminal_is_raw_while_running_and_ctrl_a_x_quits() {
+    use std::io::{Read, Write};
+    require_hardware_kvm();
+    let pty = open_pty();
+    let before = terminal_mode(&pty.follower);
+    let mut child = Command::new(hakoniwa())
+        .args(["run"])
+        .current_dir(common::project_root())
+        .stdin(pty.follower.try_clone().unwrap())
+        .stdout(pty.follower.try_clone().unwrap())
+        .stderr(pty.follower.try_clone().unwrap())
+        .spawn()
+        .unwrap();
+    let screen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut reader = pty.leader.try_clone().unwrap();
+    let sink = screen.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let wait_screen = |needle: &str| {
+        let deadline = std::time::Instant::now() + GUEST_TIMEOUT;
+        while !screen.lock().unwrap().contains(needle) {
+            assert!(std::time::Instant::now() < deadline, "no {needle:?}:\n{}", screen.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_screen(PROMPT);
+    // Raw mode: no line editing or signals from the host's tty layer.
+    let raw = terminal_mode(&pty.follower);
+    assert_eq!(raw.c_lflag & (libc::ICANON | libc::ISIG | libc::ECHO), 0);
+
+    let mut leader = pty.leader.try_clone().unwrap();
+    leader.write_all(b"\x01x").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "Ctrl-A x did not quit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
+    wait_screen("quit from the console");
+    let after = terminal_mode(&pty.follower);
+    assert_eq!(after.c_lflag, before.c_lflag, "terminal mode must be restored");
+    assert_eq!(after.c_iflag, before.c_iflag, "terminal mode must be restored");
 }

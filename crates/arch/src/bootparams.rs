@@ -83,13 +83,15 @@ pub fn write_zero_page<M: GuestMemoryBackend>(
     header: Option<setup_header>,
     inputs: &BootInputs,
 ) -> Result<u64, Error> {
-    let mut params = boot_params::default();
-    params.hdr = header.unwrap_or(setup_header {
-        boot_flag: KERNEL_BOOT_FLAG_MAGIC,
-        header: KERNEL_HDR_MAGIC,
-        kernel_alignment: KERNEL_MIN_ALIGNMENT_BYTES,
+    let mut params = boot_params {
+        hdr: header.unwrap_or(setup_header {
+            boot_flag: KERNEL_BOOT_FLAG_MAGIC,
+            header: KERNEL_HDR_MAGIC,
+            kernel_alignment: KERNEL_MIN_ALIGNMENT_BYTES,
+            ..Default::default()
+        }),
         ..Default::default()
-    });
+    };
     params.hdr.type_of_loader = KERNEL_LOADER_OTHER;
     params.hdr.cmd_line_ptr = inputs.cmdline_addr as u32;
     params.hdr.cmdline_size = inputs.cmdline_len as u32;

@@ -79,6 +79,19 @@ pub fn low_ram_end(mem_size: u64) -> u64 {
     mem_size.min(MMIO_HOLE_START)
 }
 
+// Each boot structure must end before the next begins; checked when the
+// crate is compiled, so a layout change that breaks this cannot build.
+const _: () = {
+    assert!(BOOT_IDT_START >= BOOT_GDT_START + 4 * 8);
+    assert!(PVH_INFO_START >= BOOT_IDT_START + 8);
+    assert!(ZERO_PAGE_START >= PVH_MEMMAP_START + 8 * 24);
+    assert!(BOOT_STACK_POINTER < PML4_START);
+    assert!(PML4_START + 6 * 0x1000 <= CMDLINE_START);
+    assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
+    assert!(ACPI_TABLES_END <= RESET_VECTOR);
+    assert!(RESET_VECTOR + 16 <= HIMEM_START);
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,18 +109,5 @@ mod tests {
         let total: u64 = regions.iter().map(|r| r.1).sum();
         assert_eq!(total, 4 << 30);
         assert_eq!(low_ram_end(4 << 30), 3 << 30);
-    }
-
-    #[test]
-    fn boot_structures_do_not_overlap() {
-        // Each boot structure must end before the next begins.
-        assert!(BOOT_IDT_START >= BOOT_GDT_START + 4 * 8);
-        assert!(PVH_INFO_START >= BOOT_IDT_START + 8);
-        assert!(ZERO_PAGE_START >= PVH_MEMMAP_START + 8 * 24);
-        assert!(BOOT_STACK_POINTER < PML4_START);
-        assert!(PML4_START + 6 * 0x1000 <= CMDLINE_START);
-        assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
-        assert!(ACPI_TABLES_END <= RESET_VECTOR);
-        assert!(RESET_VECTOR + 16 <= HIMEM_START);
     }
 }

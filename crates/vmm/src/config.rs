@@ -77,7 +77,7 @@ pub fn parse_memory_size(text: &str) -> Result<u64, ConfigError> {
     if bytes == 0 {
         return Err(ConfigError::MemoryNotASize(text.to_string()));
     }
-    if bytes % (1 << 20) != 0 {
+    if !bytes.is_multiple_of(1 << 20) {
         return Err(ConfigError::MemoryNotMiBAligned(text.to_string()));
     }
     Ok(bytes)
@@ -93,7 +93,7 @@ pub fn parse_vcpu_count(count: u32) -> Result<u8, ConfigError> {
 
 /// Human-readable size in the units users type.
 pub fn format_size(bytes: u64) -> String {
-    if bytes >= 1 << 30 && bytes % (1 << 30) == 0 {
+    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
         format!("{}G", bytes >> 30)
     } else {
         format!("{}M", bytes.div_ceil(1 << 20))

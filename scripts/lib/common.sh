@@ -1,0 +1,133 @@
+# Shared helpers for hakoniwa's shell scripts (sourced, not run).
+#
+# Everything the scripts need comes from Debian packages, because a fresh CI
+# machine starts with nothing: missing tools are installed with apt-get, and
+# the guest's kernel and busybox are fetched as .deb files and unpacked into
+# build/ (never installed on the host).
+
+HK_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
+HK_BUILD=$HK_ROOT/build
+HK_PROG=${HK_PROG:-$(basename "$0")}
+
+hk_log() { printf '%s: %s\n' "$HK_PROG" "$*" >&2; }
+# Scripts whose own failures must be told apart from a command's (scripts/rig)
+# set HK_DIE_STATUS.
+hk_die() { hk_log "error: $*"; exit "${HK_DIE_STATUS:-1}"; }
+
+export DEBIAN_FRONTEND=noninteractive
+
+# hk_quiet CMD...  runs CMD and shows its output only if it fails (apt is
+# chatty on stderr even with -qq).
+hk_quiet() {
+	local out
+	out=$("$@" 2>&1) && return 0
+	local rc=$?
+	printf '%s\n' "$out" >&2
+	return "$rc"
+}
+
+# hk_lock / hk_unlock: serialize the work on build/ (downloads, unpacking,
+# image builds) between concurrent scripts, e.g. several rig runs.
+hk_lock() {
+	mkdir -p "$HK_BUILD"
+	exec {_hk_lock_fd}>"$HK_BUILD/.lock"
+	flock "$_hk_lock_fd"
+}
+hk_unlock() { exec {_hk_lock_fd}>&-; }
+
+# apt-get update is slow-ish and needs the network, so run it at most once per
+# script run, and only when something actually has to be fetched or installed.
+_hk_apt_updated=
+hk_apt_update() {
+	[[ -n $_hk_apt_updated ]] && return 0
+	hk_log "apt-get update"
+	hk_quiet apt-get update -qq || hk_die "apt-get update failed"
+	_hk_apt_updated=1
+	_hk_apt_record=() # forget what the old lists said
+}
+
+# hk_need PKG:WHAT ...  installs Debian package PKG unless WHAT is present.
+# WHAT is a command name, or an absolute path for things that are not commands
+# (e.g. libc.a, which `gcc -static` needs).
+hk_need() {
+	local spec pkg what missing=()
+	for spec; do
+		pkg=${spec%%:*} what=${spec#*:}
+		if [[ $what == /* ]]; then
+			[[ -e $what ]] || missing+=("$pkg")
+		else
+			command -v "$what" >/dev/null || missing+=("$pkg")
+		fi
+	done
+	((${#missing[@]})) || return 0
+	hk_apt_update
+	hk_log "installing ${missing[*]}"
+	hk_quiet apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
+		hk_die "apt-get install ${missing[*]} failed"
+}
+
+# Functions below that may run apt-get update return their result in REPLY
+# rather than on stdout: a $(...) subshell would forget that the update ran.
+
+# hk_apt_field PKG FIELD  sets REPLY to FIELD of PKG's candidate version, from
+# the local apt lists (running apt-get update first if they do not know PKG).
+# apt-cache is slow here (~0.8 s a call: the Docker-style apt config disables
+# apt's binary cache), so each package is looked up once per run, against a
+# private binary cache in build/apt that apt rebuilds when the lists change.
+declare -A _hk_apt_record=()
+hk_apt_field() {
+	local pkg=$1
+	if [[ -z ${_hk_apt_record[$pkg]:-} ]]; then
+		mkdir -p "$HK_BUILD/apt"
+		local cache=(-o "Dir::Cache::pkgcache=$HK_BUILD/apt/pkgcache.bin")
+		_hk_apt_record[$pkg]=$(apt-cache "${cache[@]}" show --no-all-versions "$pkg" 2>/dev/null) || true
+		if [[ -z ${_hk_apt_record[$pkg]} ]]; then
+			hk_apt_update
+			_hk_apt_record[$pkg]=$(apt-cache "${cache[@]}" show --no-all-versions "$pkg" 2>/dev/null) ||
+				hk_die "no Debian package $pkg"
+		fi
+	fi
+	REPLY=$(sed -n "s/^$2: //p" <<<"${_hk_apt_record[$pkg]}" | head -n1)
+}
+
+# hk_deb_path PKG DIR  sets REPLY to where PKG's candidate .deb is, or would
+# be, in DIR: the name apt-get download gives it (an epoch "1:" becomes "1%3a").
+hk_deb_path() {
+	local pkg=$1 dir=$2 ver
+	hk_apt_field "$pkg" Version; ver=$REPLY
+	hk_apt_field "$pkg" Architecture
+	REPLY=$dir/${pkg}_${ver//:/%3a}_${REPLY}.deb
+}
+
+# hk_fetch_deb PKG DIR  makes sure PKG's candidate .deb is in DIR, and sets
+# REPLY to its path. Before downloading, the apt lists are refreshed (and the
+# candidate looked up again), so a stale list never asks for a file the
+# archive has dropped.
+hk_fetch_deb() {
+	local pkg=$1 dir=$2
+	hk_deb_path "$pkg" "$dir"
+	[[ -f $REPLY ]] && return 0
+	hk_apt_update
+	hk_deb_path "$pkg" "$dir"
+	[[ -f $REPLY ]] && return 0
+	local deb=$REPLY ver
+	hk_apt_field "$pkg" Version; ver=$REPLY
+	mkdir -p "$dir"
+	hk_log "downloading $pkg $ver"
+	# Sandbox::User=root: apt's _apt user may not write into build/.
+	(cd "$dir" && hk_quiet apt-get download -qq -o APT::Sandbox::User=root "$pkg=$ver") ||
+		hk_die "apt-get download $pkg=$ver failed"
+	[[ -f $deb ]] || hk_die "apt-get download did not produce $deb"
+	REPLY=$deb
+}
+
+# hk_unpack_deb DEB DIR  unpacks DEB into DIR (replacing DIR) unless DIR already
+# holds exactly this DEB; a stamp file records which .deb DIR came from.
+hk_unpack_deb() {
+	local deb=$1 dir=$2
+	[[ -f $dir/.hk-deb && $(<"$dir/.hk-deb") == "$(basename "$deb")" ]] && return 0
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	dpkg -x "$deb" "$dir"
+	basename "$deb" >"$dir/.hk-deb"
+}
