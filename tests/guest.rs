@@ -284,13 +284,19 @@ fn terminal_is_raw_while_running_and_ctrl_a_x_quits() {
             if n == 0 {
                 break;
             }
-            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
         }
     });
     let wait_screen = |needle: &str| {
         let deadline = std::time::Instant::now() + GUEST_TIMEOUT;
         while !screen.lock().unwrap().contains(needle) {
-            assert!(std::time::Instant::now() < deadline, "no {needle:?}:\n{}", screen.lock().unwrap());
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {needle:?}:\n{}",
+                screen.lock().unwrap()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     };
@@ -306,12 +312,21 @@ fn terminal_is_raw_while_running_and_ctrl_a_x_quits() {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        assert!(std::time::Instant::now() < deadline, "Ctrl-A x did not quit");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Ctrl-A x did not quit"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(status.code(), Some(0));
     wait_screen("quit from the console");
     let after = terminal_mode(&pty.follower);
-    assert_eq!(after.c_lflag, before.c_lflag, "terminal mode must be restored");
-    assert_eq!(after.c_iflag, before.c_iflag, "terminal mode must be restored");
+    assert_eq!(
+        after.c_lflag, before.c_lflag,
+        "terminal mode must be restored"
+    );
+    assert_eq!(
+        after.c_iflag, before.c_iflag,
+        "terminal mode must be restored"
+    );
 }

@@ -26,3 +26,11 @@ pub enum PlatformExit {
 /// Where platform devices report [`PlatformExit`]s; the VMM decides what
 /// they mean (e.g. stop every vCPU and exit).
 pub type ExitNotifier = Arc<dyn Fn(PlatformExit) + Send + Sync>;
+
+/// A notifier that records what it is told, for device tests.
+#[cfg(test)]
+pub(crate) fn recording_notifier() -> (ExitNotifier, Arc<std::sync::Mutex<Vec<PlatformExit>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    (Arc::new(move |e| sink.lock().unwrap().push(e)), seen)
+}

@@ -36,13 +36,12 @@ impl BusDevice for DebugExit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use crate::recording_notifier;
 
     #[test]
     fn a_written_byte_becomes_the_exit_status() {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let sink = seen.clone();
-        let mut dev = DebugExit::new(Arc::new(move |e| sink.lock().unwrap().push(e)));
+        let (notify, seen) = recording_notifier();
+        let mut dev = DebugExit::new(notify);
         dev.write(0, &[42]);
         dev.write(0, &[]);
         assert_eq!(*seen.lock().unwrap(), vec![PlatformExit::DebugExit(42)]);

@@ -50,13 +50,12 @@ impl BusDevice for I8042 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use crate::recording_notifier;
 
     #[test]
     fn reset_command_requests_a_reboot() {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let sink = seen.clone();
-        let mut dev = I8042::new(Arc::new(move |e| sink.lock().unwrap().push(e)));
+        let (notify, seen) = recording_notifier();
+        let mut dev = I8042::new(notify);
         dev.write(0, &[0xfe]); // data port: ignored
         assert!(seen.lock().unwrap().is_empty());
         dev.write(4, &[0xfe]); // command port: pulse reset
