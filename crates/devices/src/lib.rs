@@ -6,11 +6,18 @@
 
 pub mod bus;
 pub mod legacy;
+pub mod options;
 pub mod pci;
+pub mod virtio;
 
 pub use bus::{Bus, BusDevice, BusError, SharedDevice};
 
 use std::sync::Arc;
+
+/// Guest memory as every part of hakoniwa sees it. The bitmap records the
+/// VMM's own writes into guest RAM (virtio devices), which KVM's dirty log
+/// cannot see; migration and the display merge the two.
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<vm_memory::bitmap::AtomicBitmap>;
 
 /// A request from the guest to end the VM, raised by a platform device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,15 +3,11 @@
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
-use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::Error;
 
-/// Guest memory as every part of hakoniwa sees it. The bitmap records the
-/// VMM's own writes into guest RAM (virtio devices), which KVM's dirty
-/// log cannot see; migration and the display merge the two.
-pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<AtomicBitmap>;
+pub use devices::GuestMemoryMmap;
 
 /// Allocates `mem_size` bytes of guest RAM around the MMIO hole.
 pub fn create_guest_memory(mem_size: u64) -> Result<GuestMemoryMmap, Error> {

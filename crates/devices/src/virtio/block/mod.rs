@@ -1,0 +1,1 @@
+//! virtio-block (being written).

@@ -1,0 +1,1 @@
+//! virtio-input (being written).

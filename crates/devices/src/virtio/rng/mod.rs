@@ -1,0 +1,1 @@
+//! virtio-rng (being written).

@@ -1,0 +1,1 @@
+//! virtio-vsock (being written).
