@@ -162,6 +162,7 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
         exec: args.exec,
         api_socket: args.api_socket,
         async_pf: args.async_pf,
+        virtio: Default::default(),
     })
 }
 

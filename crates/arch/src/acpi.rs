@@ -62,6 +62,9 @@ pub struct AcpiPlatform {
     /// I/O ranges (first port, count) used by the platform itself, reserved
     /// through a motherboard-resources device so no driver claims them.
     pub reserved_io: Vec<(u16, u8)>,
+    /// The PCI root bridge's 32-bit memory window (first, last byte). With
+    /// ACPI, Linux finds PCI only through a root bridge in the DSDT.
+    pub pci_mmio_window: (u32, u32),
 }
 
 /// Builds every table and writes them into guest memory; returns the RSDP's
@@ -184,7 +187,42 @@ fn build_dsdt(platform: &AcpiPlatform) -> Sdt {
     if !platform.reserved_io.is_empty() {
         dsdt.append_slice(&motherboard_resources_aml(&platform.reserved_io));
     }
+    dsdt.append_slice(&pci_root_bridge_aml(platform.pci_mmio_window));
     dsdt
+}
+
+/// PCI0: a conventional PCI root bridge (bus 0, configuration through
+/// ports 0xcf8..0xcff) whose windows are every I/O port but the config
+/// ports, and the 32-bit memory window where the VMM places BARs.
+fn pci_root_bridge_aml((mmio_first, mmio_last): (u32, u32)) -> Vec<u8> {
+    let bus = aml::AddressSpace::<u16>::new_bus_number(0, 0);
+    let config_ports = aml::IO::new(0xcf8, 0xcf8, 1, 8);
+    let io_low = aml::AddressSpace::<u16>::new_io(0x0000, 0x0cf7, None);
+    let io_high = aml::AddressSpace::<u16>::new_io(0x0d00, 0xffff, None);
+    let mmio = aml::AddressSpace::<u32>::new_memory(
+        aml::AddressSpaceCacheable::NotCacheable,
+        true,
+        mmio_first,
+        mmio_last,
+        None,
+    );
+    let crs = aml::ResourceTemplate::new(vec![&bus, &config_ports, &io_low, &io_high, &mmio]);
+    let hid = aml::EISAName::new("PNP0A03");
+    let name_hid = aml::Name::new("_HID".into(), &hid);
+    let name_uid = aml::Name::new("_UID".into(), &aml::ZERO);
+    let name_seg = aml::Name::new("_SEG".into(), &aml::ZERO);
+    let name_bbn = aml::Name::new("_BBN".into(), &aml::ZERO);
+    let name_adr = aml::Name::new("_ADR".into(), &aml::ZERO);
+    let name_crs = aml::Name::new("_CRS".into(), &crs);
+    let dev = aml::Device::new(
+        "PCI0".into(),
+        vec![
+            &name_hid, &name_uid, &name_seg, &name_bbn, &name_adr, &name_crs,
+        ],
+    );
+    let mut bytes = Vec::new();
+    aml::Scope::new("\\_SB_".into(), vec![&dev]).to_aml_bytes(&mut bytes);
+    bytes
 }
 
 /// AML bytes of one `Device` in `\_SB_`.
@@ -246,6 +284,7 @@ mod tests {
                 irq: Some(4),
             }],
             reserved_io: vec![(0x501, 1), (0x600, 3)],
+            pci_mmio_window: (0xc000_0000, 0xfebf_ffff),
         }
     }
 
@@ -302,6 +341,7 @@ mod tests {
         assert!(checksum_ok(&dsdt));
         assert!(contains(&dsdt, b"_S5_"));
         assert!(contains(&dsdt, b"COM1"));
+        assert!(contains(&dsdt, b"PCI0"));
         // Reset register: I/O space, port 0x602, value 1.
         assert_eq!(fadt[116], 1);
         assert_eq!(

@@ -26,6 +26,8 @@ pub enum BusError {
     InvalidRange { base: u64, len: u64 },
     #[error("bus range {base:#x}+{len:#x} overlaps a device already at {other:#x}")]
     Overlap { base: u64, len: u64, other: u64 },
+    #[error("no device at {0:#x}")]
+    NotFound(u64),
 }
 
 struct Range {
@@ -59,6 +61,22 @@ impl Bus {
         }
         ranges.insert(base, Range { len, device });
         Ok(())
+    }
+
+    /// Moves the device at `old_base` to `new_base`, keeping its length.
+    pub fn relocate(&self, old_base: u64, new_base: u64) -> Result<(), BusError> {
+        let range = {
+            let mut ranges = self.ranges.write().unwrap_or_else(|e| e.into_inner());
+            ranges
+                .remove(&old_base)
+                .ok_or(BusError::NotFound(old_base))?
+        };
+        let (device, len) = (range.device.clone(), range.len);
+        self.insert(device, new_base, len).inspect_err(|_| {
+            // Put it back where it was rather than lose it.
+            let mut ranges = self.ranges.write().unwrap_or_else(|e| e.into_inner());
+            ranges.insert(old_base, range);
+        })
     }
 
     /// The device owning `addr` and the offset of `addr` inside it.
@@ -167,5 +185,28 @@ mod tests {
         // Adjacent ranges are fine.
         bus.insert(dev(), 0x110, 0x10).unwrap();
         bus.insert(dev(), 0xf0, 0x10).unwrap();
+    }
+
+    #[test]
+    fn relocation_moves_the_device_or_leaves_it_in_place() {
+        let bus = Bus::new();
+        let dev = Arc::new(Mutex::new(Recorder::default()));
+        bus.insert(dev.clone(), 0x1000, 0x100).unwrap();
+        bus.insert(Arc::new(Mutex::new(Recorder::default())), 0x3000, 0x100)
+            .unwrap();
+        bus.relocate(0x1000, 0x2000).unwrap();
+        assert!(!bus.write(0x1000, &[1]));
+        assert!(bus.write(0x2004, &[1]));
+        assert_eq!(dev.lock().unwrap().writes, vec![(4, vec![1])]);
+        // Onto another device: refused, and the device stays.
+        assert!(matches!(
+            bus.relocate(0x2000, 0x3000),
+            Err(BusError::Overlap { .. })
+        ));
+        assert!(bus.write(0x2000, &[2]));
+        assert_eq!(
+            bus.relocate(0x9000, 0xa000),
+            Err(BusError::NotFound(0x9000))
+        );
     }
 }

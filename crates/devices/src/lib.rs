@@ -5,6 +5,7 @@
 //! debug-exit port that lets a guest end the VM with an exit status.
 
 pub mod bus;
+pub mod interrupt;
 pub mod legacy;
 pub mod options;
 pub mod pci;

@@ -27,7 +27,14 @@ pub struct VmConfig {
     pub api_socket: Option<PathBuf>,
     /// Expose KVM asynchronous page faults to the guest.
     pub async_pf: bool,
+    /// Virtio devices.
+    pub virtio: VirtioConfig,
 }
+
+/// Virtio devices as the command line gives them: each a `key=value,...`
+/// string that the device's own parser checks.
+#[derive(Clone, Debug, Default)]
+pub struct VirtioConfig {}
 
 /// The kernel command line hakoniwa uses when none is given: serial
 /// console, few boot messages (each console byte is a VM exit), no port

@@ -17,6 +17,7 @@ pub mod console;
 pub mod controller;
 pub mod event;
 pub mod memory;
+pub mod platform;
 pub mod signals;
 pub mod vcpu;
 pub mod vm;

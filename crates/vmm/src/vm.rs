@@ -3,37 +3,28 @@
 //! console, signals and API → wait for the first ending event → stop.
 
 use std::os::unix::thread::JoinHandleExt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use arch::acpi::{write_acpi_tables, AcpiPlatform, LegacyDevice, S5_SLEEP_TYPE};
+use arch::acpi::write_acpi_tables;
 use arch::cpuid::{patch_cpuid, CpuidOptions};
 use arch::layout::{KVM_IDENTITY_MAP_ADDRESS, KVM_TSS_ADDRESS};
 use arch::reset_vector::write_reset_vector;
-use devices::legacy::acpi_pm::{
-    ACPI_PM_PORT, ACPI_PM_PORT_COUNT, RESET_OFFSET, RESET_VALUE, SLEEP_CONTROL_OFFSET,
-    SLEEP_STATUS_OFFSET,
-};
-use devices::legacy::debug_exit::DEBUG_EXIT_PORT;
-use devices::legacy::{
-    AcpiPm, DebugExit, Serial, COM1_IRQ, COM1_PORT, I8042, I8042_PORT, I8042_PORT_COUNT,
-};
-use devices::pci::{HostBridge, PciConfigIo, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_PORT_COUNT};
-use devices::{Bus, ExitNotifier, SharedDevice};
+use devices::ExitNotifier;
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VmFd};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 
 use crate::boot::{check_boot_files, load_boot_images};
 use crate::config::{format_size, VmConfig};
-use crate::console::{spawn_input_thread, ConsoleOutput, RawTerminal};
-use crate::controller::{DeviceDescription, VmControl, VmDescription};
+use crate::console::{spawn_input_thread, RawTerminal};
+use crate::controller::{VmControl, VmDescription};
 use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
 use crate::memory::{create_guest_memory, register_guest_memory, GuestMemoryMmap};
+use crate::platform::{create_virtio_devices, Platform};
 use crate::vcpu::{install_kick_handler, kick_signal, Desired, RunControl, Vcpu};
 use crate::{signals, Error};
 
@@ -46,14 +37,6 @@ pub struct Vm {
     _memory: GuestMemoryMmap,
 }
 
-/// The platform devices on the port bus, and what the console needs.
-struct Platform {
-    pio: Arc<Bus>,
-    serial: Arc<Mutex<Serial>>,
-    serial_input_space: EventFd,
-    devices: Vec<DeviceDescription>,
-}
-
 /// Builds the VM from `config`, runs it, and returns how hakoniwa should end.
 pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     signals::block_stop_signals()?;
@@ -63,6 +46,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         config.initramfs.as_deref(),
         config.memory_bytes,
     )?;
+    let virtio_devices = create_virtio_devices(&config.virtio)?;
 
     let (events, ending) = channel();
     let control = Arc::new(RunControl::default());
@@ -72,9 +56,13 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     register_guest_memory(&vm_fd, &memory)?;
 
     let notifier = exit_notifier(control.clone(), events.clone());
-    let platform = create_platform(&vm_fd, notifier)?;
-    let rsdp = write_acpi_tables(&memory, &acpi_platform(config.vcpus))?;
-    write_reset_vector(&memory, ACPI_PM_PORT + RESET_OFFSET as u16, RESET_VALUE)?;
+    let mut platform = Platform::new(&vm_fd, notifier)?;
+    for device in virtio_devices {
+        platform.attach_virtio(&vm_fd, &memory, device)?;
+    }
+    let rsdp = write_acpi_tables(&memory, &platform.acpi(config.vcpus))?;
+    let (reset_port, reset_value) = Platform::reset_register();
+    write_reset_vector(&memory, reset_port, reset_value)?;
     let cmdline = guest_cmdline(config);
     let entry = load_boot_images(
         &memory,
@@ -117,7 +105,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
             index,
             fd,
             pio: platform.pio.clone(),
-            mmio: Arc::new(Bus::new()),
+            mmio: platform.mmio.clone(),
             control: control.clone(),
             events: events.clone(),
         };
@@ -234,101 +222,6 @@ fn exit_notifier(control: Arc<RunControl>, events: EventSender) -> ExitNotifier 
         control.set(Desired::Stop);
         events.send(VmmEvent::Guest(exit));
     })
-}
-
-fn create_platform(vm: &VmFd, notifier: ExitNotifier) -> Result<Platform, Error> {
-    let pio = Arc::new(Bus::new());
-    let mut devices = Vec::new();
-    let mut add = |device: SharedDevice, base: u16, len: u16, description: DeviceDescription| {
-        pio.insert(device, u64::from(base), u64::from(len))
-            .map_err(|e| Error::Device(description.id.clone(), e.to_string()))?;
-        devices.push(description);
-        Ok::<(), Error>(())
-    };
-
-    let interrupt =
-        EventFd::new(EFD_NONBLOCK).map_err(|e| Error::Device("com1".into(), e.to_string()))?;
-    vm.register_irqfd(&interrupt, COM1_IRQ)
-        .map_err(|e| Error::Kvm("KVM_IRQFD", e))?;
-    let input_space = EventFd::new(0).map_err(|e| Error::Device("com1".into(), e.to_string()))?;
-    let input_space_feeder = input_space
-        .try_clone()
-        .map_err(|e| Error::Device("com1".into(), e.to_string()))?;
-    let serial = Arc::new(Mutex::new(Serial::new(
-        interrupt,
-        input_space,
-        Box::new(ConsoleOutput),
-    )));
-    add(
-        serial.clone(),
-        COM1_PORT,
-        8,
-        DeviceDescription::legacy("com1", "serial-16550a", COM1_PORT, 8, Some(COM1_IRQ)),
-    )?;
-    add(
-        Arc::new(Mutex::new(I8042::new(notifier.clone()))),
-        I8042_PORT,
-        I8042_PORT_COUNT,
-        DeviceDescription::legacy("i8042", "i8042-reset", I8042_PORT, I8042_PORT_COUNT, None),
-    )?;
-    add(
-        Arc::new(Mutex::new(AcpiPm::new(notifier.clone(), S5_SLEEP_TYPE))),
-        ACPI_PM_PORT,
-        ACPI_PM_PORT_COUNT,
-        DeviceDescription::legacy(
-            "acpi-pm",
-            "acpi-power-management",
-            ACPI_PM_PORT,
-            ACPI_PM_PORT_COUNT,
-            None,
-        ),
-    )?;
-    let mut pci = PciConfigIo::default();
-    pci.add_function(0, Box::new(HostBridge));
-    add(
-        Arc::new(Mutex::new(pci)),
-        PCI_CONFIG_IO_PORT,
-        PCI_CONFIG_IO_PORT_COUNT,
-        DeviceDescription::legacy(
-            "pci-config",
-            "pci-config-mechanism-1",
-            PCI_CONFIG_IO_PORT,
-            PCI_CONFIG_IO_PORT_COUNT,
-            None,
-        ),
-    )?;
-    add(
-        Arc::new(Mutex::new(DebugExit::new(notifier))),
-        DEBUG_EXIT_PORT,
-        1,
-        DeviceDescription::legacy("debug-exit", "debug-exit", DEBUG_EXIT_PORT, 1, None),
-    )?;
-    Ok(Platform {
-        pio,
-        serial,
-        serial_input_space: input_space_feeder,
-        devices,
-    })
-}
-
-fn acpi_platform(vcpu_count: u8) -> AcpiPlatform {
-    AcpiPlatform {
-        vcpu_count,
-        sleep_control_port: ACPI_PM_PORT + SLEEP_CONTROL_OFFSET as u16,
-        sleep_status_port: ACPI_PM_PORT + SLEEP_STATUS_OFFSET as u16,
-        reset_port: ACPI_PM_PORT + RESET_OFFSET as u16,
-        reset_value: RESET_VALUE,
-        devices: vec![LegacyDevice {
-            name: "COM1",
-            hid: "PNP0501",
-            io: (COM1_PORT, 8),
-            irq: Some(COM1_IRQ),
-        }],
-        reserved_io: vec![
-            (DEBUG_EXIT_PORT, 1),
-            (ACPI_PM_PORT, ACPI_PM_PORT_COUNT as u8),
-        ],
-    }
 }
 
 /// The command line the guest gets: the user's (or the default), plus the

@@ -2,8 +2,10 @@
 //! bus/device/function/register, the data window at 0xcfc..0xcff reads
 //! or writes it. Absent functions read as all ones, as on hardware.
 
-use super::PciFunction;
-use crate::bus::BusDevice;
+use std::sync::{Arc, Mutex};
+
+use super::{BarMove, PciDevice};
+use crate::bus::{Bus, BusDevice};
 
 /// First port of the mechanism (address register), and the port count
 /// including the data window.
@@ -13,37 +15,56 @@ pub const PCI_CONFIG_IO_PORT_COUNT: u16 = 8;
 const ENABLE_BIT: u32 = 1 << 31;
 const DATA_OFFSET: u64 = 4;
 
-/// The port pair and the functions of bus 0 (indexed by devfn).
+/// A function on the bus, shared with the MMIO bus that maps its BARs.
+pub type SharedPciDevice = Arc<Mutex<dyn PciDevice>>;
+
+/// The port pair and the functions of bus 0 (indexed by devfn). When the
+/// guest moves a BAR, the MMIO bus mapping follows.
 pub struct PciConfigIo {
     address: u32,
-    functions: Vec<Option<Box<dyn PciFunction>>>,
-}
-
-impl Default for PciConfigIo {
-    fn default() -> Self {
-        PciConfigIo {
-            address: 0,
-            functions: (0..256).map(|_| None).collect(),
-        }
-    }
+    functions: Vec<Option<SharedPciDevice>>,
+    mmio: Arc<Bus>,
 }
 
 impl PciConfigIo {
-    /// Bus 0 with `function` at device `device`, function 0.
-    pub fn add_function(&mut self, device: u8, function: Box<dyn PciFunction>) {
+    pub fn new(mmio: Arc<Bus>) -> Self {
+        PciConfigIo {
+            address: 0,
+            functions: (0..256).map(|_| None).collect(),
+            mmio,
+        }
+    }
+
+    /// Puts `function` at device `device`, function 0, of bus 0.
+    pub fn add_function(&mut self, device: u8, function: SharedPciDevice) {
         if let Some(slot) = self.functions.get_mut(usize::from(device & 0x1f) << 3) {
             *slot = Some(function);
         }
     }
 
+    /// The first free device number, if any (device 0 is the host bridge).
+    pub fn free_device(&self) -> Option<u8> {
+        (1..32u8).find(|d| self.functions[usize::from(*d) << 3].is_none())
+    }
+
     /// The function and dword the address register selects, if any.
-    fn selected(&mut self) -> Option<(&mut Box<dyn PciFunction>, usize)> {
+    fn selected(&self) -> Option<(SharedPciDevice, usize)> {
         if self.address & ENABLE_BIT == 0 || (self.address >> 16) & 0xff != 0 {
             return None; // disabled, or a bus other than 0
         }
         let devfn = ((self.address >> 8) & 0xff) as usize;
         let reg = ((self.address >> 2) & 0x3f) as usize;
-        self.functions[devfn].as_mut().map(|f| (f, reg))
+        self.functions[devfn].clone().map(|f| (f, reg))
+    }
+
+    fn follow(&self, moved: BarMove) {
+        if let Err(e) = self.mmio.relocate(moved.old, moved.new) {
+            tracing::warn!(
+                "PCI BAR {:#x} cannot move to {:#x}: {e}",
+                moved.old,
+                moved.new
+            );
+        }
     }
 }
 
@@ -64,8 +85,9 @@ impl BusDevice for PciConfigIo {
         let dword = if offset < DATA_OFFSET {
             self.address
         } else {
-            self.selected()
-                .map_or(0xffff_ffff, |(f, reg)| f.read_config(reg))
+            self.selected().map_or(0xffff_ffff, |(f, reg)| {
+                f.lock().unwrap_or_else(|e| e.into_inner()).read_config(reg)
+            })
         };
         let Some((mask, shift)) = lane_mask(offset % 4, data.len()) else {
             data.fill(0xff);
@@ -89,7 +111,13 @@ impl BusDevice for PciConfigIo {
         if offset < DATA_OFFSET {
             self.address = (self.address & !mask) | (value & mask);
         } else if let Some((f, reg)) = self.selected() {
-            f.write_config(reg, value, mask);
+            let moved = f
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .write_config(reg, value, mask);
+            if let Some(moved) = moved {
+                self.follow(moved);
+            }
         }
     }
 }
@@ -100,8 +128,8 @@ mod tests {
     use crate::pci::HostBridge;
 
     fn config_io() -> PciConfigIo {
-        let mut io = PciConfigIo::default();
-        io.add_function(0, Box::new(HostBridge));
+        let mut io = PciConfigIo::new(Arc::new(Bus::new()));
+        io.add_function(0, Arc::new(Mutex::new(HostBridge)));
         io
     }
 

@@ -1,7 +1,7 @@
 //! The host bridge at 00:00.0: what makes Linux's sanity check of
 //! configuration mechanism #1 pass (it looks for a host-bridge class).
 
-use super::PciFunction;
+use super::{BarMove, PciDevice};
 
 /// Vendor/device of the host bridge (the ids Cloud Hypervisor also uses).
 const VENDOR_INTEL: u32 = 0x8086;
@@ -13,8 +13,8 @@ const CLASS_HOST_BRIDGE: u32 = 0x0600_0000;
 #[derive(Default)]
 pub struct HostBridge;
 
-impl PciFunction for HostBridge {
-    fn read_config(&self, reg: usize) -> u32 {
+impl PciDevice for HostBridge {
+    fn read_config(&mut self, reg: usize) -> u32 {
         match reg {
             0 => (DEVICE_HOST_BRIDGE << 16) | VENDOR_INTEL,
             2 => CLASS_HOST_BRIDGE,
@@ -22,5 +22,7 @@ impl PciFunction for HostBridge {
         }
     }
 
-    fn write_config(&mut self, _reg: usize, _value: u32, _mask: u32) {}
+    fn write_config(&mut self, _reg: usize, _value: u32, _mask: u32) -> Option<BarMove> {
+        None
+    }
 }

@@ -13,6 +13,7 @@ pub mod block;
 pub mod device;
 pub mod input;
 pub mod net;
+pub mod pci;
 pub mod rng;
 pub mod vsock;
 pub mod worker;

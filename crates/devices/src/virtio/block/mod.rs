@@ -1,1 +1,177 @@
-//! virtio-block (being written).
+//! virtio-blk: a disk image (regular file or host block device) as a
+//! virtio 1.x block device (virtio 1.2 §5.2).
+//!
+//! The device is split the way Firecracker splits it:
+//! - this module: the `--disk` options ([`BlockConfig`]) and the errors of
+//!   opening an image ([`BlockError`]);
+//! - [`device`]: [`Block`], the [`VirtioDevice`](super::VirtioDevice): its
+//!   features and configuration space, the queue thread and the I/O pool;
+//! - [`request`]: parsing one descriptor chain into a request and running
+//!   it, never trusting the guest;
+//! - [`io`]: the disk back ends ([`FileDisk`] with the cache modes and
+//!   O_DIRECT, [`MemDisk`] for tests and fuzzing) and aligned buffers;
+//! - [`metrics`]: request counters.
+//!
+//! The VMM builds a disk from `--disk` text with
+//! `Block::new(text.parse::<BlockConfig>()?)?` and hands it to the virtio
+//! transport like any other [`VirtioDevice`](super::VirtioDevice).
+
+pub mod device;
+pub mod io;
+pub mod metrics;
+pub mod request;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use crate::options::{invalid, Options, OptionsError};
+
+pub use device::Block;
+pub use io::{AlignedBuf, DiskBackend, FileDisk, MemDisk};
+pub use metrics::BlockMetrics;
+pub use request::{process_chain, Request, RequestContext, RequestError, RequestType};
+
+/// Bytes in a virtio-blk sector: offsets and the capacity are counted in
+/// these whatever the block size.
+pub const SECTOR_SIZE: u64 = 512;
+/// Sector size as a shift.
+pub const SECTOR_SHIFT: u32 = 9;
+/// Length of the GET_ID serial (VIRTIO_BLK_ID_BYTES).
+pub const SERIAL_LEN: usize = 20;
+
+/// How the host caches the image, as QEMU and Cloud Hypervisor name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CacheMode {
+    /// Through the host page cache; a guest flush is an fdatasync.
+    #[default]
+    Writeback,
+    /// O_DIRECT (no host page cache); a guest flush is an fdatasync.
+    None,
+    /// Host page cache, flushes ignored: fast and unsafe on a host crash.
+    Unsafe,
+}
+
+impl CacheMode {
+    const NAMES: [&'static str; 3] = ["writeback", "none", "unsafe"];
+
+    fn from_name(name: &str) -> Option<CacheMode> {
+        match name {
+            "writeback" => Some(CacheMode::Writeback),
+            "none" => Some(CacheMode::None),
+            "unsafe" => Some(CacheMode::Unsafe),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for CacheMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CacheMode::Writeback => "writeback",
+            CacheMode::None => "none",
+            CacheMode::Unsafe => "unsafe",
+        })
+    }
+}
+
+/// One `--disk path=FILE[,readonly=on][,cache=writeback|none|unsafe][,id=NAME]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockConfig {
+    /// The image: a regular file or a block device.
+    pub path: PathBuf,
+    /// Offer VIRTIO_BLK_F_RO and open the image read-only.
+    pub readonly: bool,
+    /// Host caching of the image.
+    pub cache: CacheMode,
+    /// The device's name and its GET_ID serial (at most 20 bytes); when
+    /// absent the serial is derived from the image file.
+    pub id: Option<String>,
+}
+
+impl BlockConfig {
+    /// A writable, writeback-cached disk on `path`.
+    pub fn new(path: impl Into<PathBuf>) -> BlockConfig {
+        BlockConfig {
+            path: path.into(),
+            readonly: false,
+            cache: CacheMode::Writeback,
+            id: None,
+        }
+    }
+
+    /// Parses the text of one `--disk` option; a bare value is the path.
+    pub fn parse(text: &str) -> Result<BlockConfig, OptionsError> {
+        let mut o = Options::parse(text, Some("path"))?;
+        let path = o.require("path")?;
+        if path.is_empty() {
+            return Err(invalid("path", &path, "the path is empty"));
+        }
+        let readonly = o.flag("readonly", false)?;
+        let cache = o.choice("cache", &CacheMode::NAMES, "writeback")?;
+        let cache = CacheMode::from_name(cache).expect("choice() returns one of NAMES");
+        let id = o.take("id");
+        if let Some(id) = &id {
+            check_id(id)?;
+        }
+        o.finish()?;
+        Ok(BlockConfig {
+            path: PathBuf::from(path),
+            readonly,
+            cache,
+            id,
+        })
+    }
+}
+
+impl FromStr for BlockConfig {
+    type Err = OptionsError;
+
+    fn from_str(text: &str) -> Result<BlockConfig, OptionsError> {
+        BlockConfig::parse(text)
+    }
+}
+
+fn check_id(id: &str) -> Result<(), OptionsError> {
+    if id.is_empty() {
+        return Err(invalid("id", id, "the id is empty"));
+    }
+    if id.len() > SERIAL_LEN {
+        return Err(invalid(
+            "id",
+            id,
+            &format!("at most {SERIAL_LEN} bytes (it is the disk's serial)"),
+        ));
+    }
+    if !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(invalid("id", id, "only printable ASCII without spaces"));
+    }
+    Ok(())
+}
+
+/// Why a disk image could not be opened; each names the image.
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    #[error("disk image {0}: no such file")]
+    NotFound(PathBuf),
+    #[error("disk image {path} is {kind}, not a regular file or block device")]
+    NotADisk { path: PathBuf, kind: &'static str },
+    #[error("disk image {path} cannot be opened for writing ({source}); add readonly=on to use it read-only")]
+    NotWritable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("disk image {0}: its file system does not support O_DIRECT (cache=none); use cache=writeback")]
+    DirectIoUnsupported(PathBuf),
+    #[error("disk image {0} is in use by another process (it is locked)")]
+    Locked(PathBuf),
+    #[error("disk image {path}: {what}: {source}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,243 @@
+//! A type-0 PCI configuration header: identity registers, command/status,
+//! memory BARs whose sizes the guest discovers the usual way (write all
+//! ones, read back the mask), and a capability list.
+//!
+//! Each dword has a writable mask, so sizing a BAR is simply "the bits
+//! below the size are read-only zero".
+
+/// Capability list pointer, in the header.
+const CAPABILITY_POINTER: usize = 0x34;
+/// First byte after the standard header, where capabilities go.
+const FIRST_CAPABILITY: usize = 0x40;
+const STATUS_CAPABILITIES: u32 = 1 << 20; // bit 4 of the status register
+const COMMAND_WRITABLE: u32 = 0x0000_0407; // I/O, memory, bus master, INTx disable
+const BAR0_REG: usize = 4;
+const BAR_COUNT: usize = 6;
+/// BAR type bits: 64-bit memory BAR.
+const BAR_MEM64: u32 = 0b100;
+
+/// Identity of a PCI function.
+#[derive(Clone, Copy, Debug)]
+pub struct PciIdentity {
+    pub vendor: u16,
+    pub device: u16,
+    /// Base class, subclass, programming interface.
+    pub class: (u8, u8, u8),
+    pub revision: u8,
+    pub subsystem_vendor: u16,
+    pub subsystem: u16,
+}
+
+/// A memory BAR the VMM placed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bar {
+    pub index: usize,
+    pub address: u64,
+    pub size: u64,
+}
+
+/// The 256-byte configuration space of one function.
+pub struct PciConfigSpace {
+    regs: [u32; 64],
+    writable: [u32; 64],
+    bars: Vec<Bar>,
+    next_capability: usize,
+    last_capability: Option<usize>,
+}
+
+impl PciConfigSpace {
+    pub fn new(id: PciIdentity) -> Self {
+        let mut regs = [0u32; 64];
+        let mut writable = [0u32; 64];
+        regs[0] = (u32::from(id.device) << 16) | u32::from(id.vendor);
+        writable[1] = COMMAND_WRITABLE;
+        let (class, subclass, prog_if) = id.class;
+        regs[2] = (u32::from(class) << 24)
+            | (u32::from(subclass) << 16)
+            | (u32::from(prog_if) << 8)
+            | u32::from(id.revision);
+        regs[11] = (u32::from(id.subsystem) << 16) | u32::from(id.subsystem_vendor);
+        writable[15] = 0xff; // interrupt line: scratch for the OS
+        PciConfigSpace {
+            regs,
+            writable,
+            bars: Vec::new(),
+            next_capability: FIRST_CAPABILITY,
+            last_capability: None,
+        }
+    }
+
+    /// Adds a 64-bit memory BAR at `index` (uses `index` and `index + 1`),
+    /// placed at `address`; `size` must be a power of two ≥ 4 KiB.
+    pub fn add_bar64(&mut self, index: usize, address: u64, size: u64) {
+        assert!(
+            index + 1 < BAR_COUNT
+                && size.is_power_of_two()
+                && size >= 0x1000
+                && address % size == 0
+        );
+        let reg = BAR0_REG + index;
+        self.regs[reg] = (address as u32) | BAR_MEM64;
+        self.regs[reg + 1] = (address >> 32) as u32;
+        self.writable[reg] = !(size as u32 - 1) & !0xf;
+        self.writable[reg + 1] = !((size - 1) >> 32) as u32;
+        self.bars.push(Bar {
+            index,
+            address,
+            size,
+        });
+    }
+
+    /// Appends a capability (`bytes[0]` is its id; byte 1, the next
+    /// pointer, is filled in); returns its offset. `writable` gives the
+    /// writable bits of each of its dwords.
+    pub fn add_capability(&mut self, bytes: &[u8], writable: &[u32]) -> usize {
+        let offset = self.next_capability;
+        let len = bytes.len().next_multiple_of(4);
+        assert!(offset + len <= 256, "configuration space full");
+        for (i, b) in bytes.iter().enumerate() {
+            let byte = offset + i;
+            let shift = 8 * (byte % 4);
+            self.regs[byte / 4] =
+                (self.regs[byte / 4] & !(0xff << shift)) | (u32::from(*b) << shift);
+        }
+        for (i, mask) in writable.iter().enumerate() {
+            self.writable[offset / 4 + i] = *mask;
+        }
+        match self.last_capability {
+            None => {
+                self.regs[CAPABILITY_POINTER / 4] = offset as u32;
+                self.regs[1] |= STATUS_CAPABILITIES;
+            }
+            Some(prev) => self.set_byte(prev + 1, offset as u8),
+        }
+        self.set_byte(offset + 1, 0);
+        self.last_capability = Some(offset);
+        self.next_capability = offset + len;
+        offset
+    }
+
+    fn set_byte(&mut self, byte: usize, value: u8) {
+        let shift = 8 * (byte % 4);
+        self.regs[byte / 4] =
+            (self.regs[byte / 4] & !(0xff << shift)) | (u32::from(value) << shift);
+    }
+
+    pub fn read(&self, reg: usize) -> u32 {
+        self.regs.get(reg).copied().unwrap_or(0xffff_ffff)
+    }
+
+    /// Writes the writable bits of dword `reg` under `mask`; returns a BAR
+    /// whose address the guest changed (not a sizing probe).
+    pub fn write(&mut self, reg: usize, value: u32, mask: u32) -> Option<(Bar, u64)> {
+        let (Some(old), Some(&writable)) = (self.regs.get(reg).copied(), self.writable.get(reg))
+        else {
+            return None;
+        };
+        let bits = writable & mask;
+        let new = (old & !bits) | (value & bits);
+        self.regs[reg] = new;
+        self.bar_moved(reg, value, bits)
+    }
+
+    /// The BAR at `reg` and its new address, if the guest moved it.
+    fn bar_moved(&mut self, reg: usize, value: u32, bits: u32) -> Option<(Bar, u64)> {
+        let i = self
+            .bars
+            .iter()
+            .position(|b| reg == BAR0_REG + b.index || reg == BAR0_REG + b.index + 1)?;
+        if value & bits == bits {
+            return None; // all ones: the guest is sizing the BAR
+        }
+        let low = BAR0_REG + self.bars[i].index;
+        let address = (u64::from(self.regs[low + 1]) << 32) | u64::from(self.regs[low] & !0xf);
+        let bar = self.bars[i];
+        if address == bar.address || address % bar.size != 0 {
+            return None;
+        }
+        self.bars[i].address = address;
+        Some((bar, address))
+    }
+
+    /// Where each BAR is now.
+    pub fn bars(&self) -> &[Bar] {
+        &self.bars
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space() -> PciConfigSpace {
+        PciConfigSpace::new(PciIdentity {
+            vendor: 0x1af4,
+            device: 0x1044,
+            class: (0xff, 0, 0),
+            revision: 1,
+            subsystem_vendor: 0x1af4,
+            subsystem: 0x40,
+        })
+    }
+
+    #[test]
+    fn identity_registers() {
+        let s = space();
+        assert_eq!(s.read(0), 0x1044_1af4);
+        assert_eq!(s.read(2), 0xff00_0001);
+        assert_eq!(s.read(11), 0x0040_1af4);
+    }
+
+    #[test]
+    fn bar_sizing_reads_back_the_size_and_restoring_is_not_a_move() {
+        let mut s = space();
+        s.add_bar64(0, 0xc000_0000, 0x8000);
+        assert_eq!(s.read(4), 0xc000_0004);
+        assert_eq!(s.write(4, 0xffff_ffff, 0xffff_ffff), None);
+        assert_eq!(s.read(4), 0xffff_8004, "size 32 KiB, 64-bit memory BAR");
+        assert_eq!(s.write(5, 0xffff_ffff, 0xffff_ffff), None);
+        assert_eq!(s.read(5), 0xffff_ffff);
+        // Restoring the original address is no move.
+        s.write(5, 0, 0xffff_ffff);
+        assert_eq!(s.write(4, 0xc000_0000, 0xffff_ffff), None);
+        assert_eq!(s.bars()[0].address, 0xc000_0000);
+    }
+
+    #[test]
+    fn moving_a_bar_is_reported() {
+        let mut s = space();
+        s.add_bar64(0, 0xc000_0000, 0x8000);
+        let (old, new) = s.write(4, 0xd000_0000, 0xffff_ffff).unwrap();
+        assert_eq!((old.address, new), (0xc000_0000, 0xd000_0000));
+        assert_eq!(s.bars()[0].address, 0xd000_0000);
+    }
+
+    #[test]
+    fn capabilities_are_chained() {
+        let mut s = space();
+        let first = s.add_capability(&[0x09, 0, 0x10, 1, 2, 3], &[]);
+        let second = s.add_capability(&[0x11, 0, 0, 0], &[0xc000_0000]);
+        assert_eq!(first, 0x40);
+        assert_eq!(second, 0x48);
+        assert_ne!(s.read(1) & STATUS_CAPABILITIES, 0);
+        assert_eq!(s.read(0x34 / 4) & 0xff, 0x40);
+        assert_eq!(
+            (s.read(0x40 / 4) >> 8) & 0xff,
+            0x48,
+            "first points to second"
+        );
+        assert_eq!((s.read(0x48 / 4) >> 8) & 0xff, 0, "second ends the list");
+        // Only the writable bits change.
+        s.write(0x48 / 4, 0xffff_ffff, 0xffff_ffff);
+        assert_eq!(s.read(0x48 / 4), 0xc000_0011);
+    }
+
+    #[test]
+    fn read_only_registers_ignore_writes() {
+        let mut s = space();
+        s.write(0, 0, 0xffff_ffff);
+        assert_eq!(s.read(0), 0x1044_1af4);
+        assert_eq!(s.read(200), 0xffff_ffff);
+        assert_eq!(s.write(200, 1, 1), None);
+    }
+}

@@ -1,0 +1,219 @@
+//! The VM's devices: the legacy PC platform on the port bus, the PCI root
+//! bus with its host bridge, and virtio devices attached to it with their
+//! BARs on the MMIO bus. Owns what the ACPI tables must say about them.
+
+use std::sync::{Arc, Mutex};
+
+use arch::acpi::{AcpiPlatform, LegacyDevice, S5_SLEEP_TYPE};
+use devices::interrupt::MsiRouting;
+use devices::legacy::acpi_pm::{
+    ACPI_PM_PORT, ACPI_PM_PORT_COUNT, RESET_OFFSET, RESET_VALUE, SLEEP_CONTROL_OFFSET,
+    SLEEP_STATUS_OFFSET,
+};
+use devices::legacy::debug_exit::DEBUG_EXIT_PORT;
+use devices::legacy::{
+    AcpiPm, DebugExit, Serial, COM1_IRQ, COM1_PORT, I8042, I8042_PORT, I8042_PORT_COUNT,
+};
+use devices::pci::{
+    BarAllocator, HostBridge, PciConfigIo, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_PORT_COUNT,
+    PCI_MMIO_END, PCI_MMIO_START,
+};
+use devices::virtio::pci::{VirtioPciDevice, BAR_SIZE};
+use devices::virtio::VirtioDevice;
+use devices::{Bus, ExitNotifier, SharedDevice};
+use kvm_ioctls::VmFd;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::config::VirtioConfig;
+use crate::console::ConsoleOutput;
+use crate::controller::DeviceDescription;
+use crate::memory::GuestMemoryMmap;
+use crate::Error;
+
+/// Every device of the VM and the buses that reach them.
+pub struct Platform {
+    pub pio: Arc<Bus>,
+    pub mmio: Arc<Bus>,
+    pub serial: Arc<Mutex<Serial>>,
+    /// Signalled when the guest drained COM1's input FIFO.
+    pub serial_input_space: EventFd,
+    pub devices: Vec<DeviceDescription>,
+    pci: Arc<Mutex<PciConfigIo>>,
+    routing: Arc<MsiRouting>,
+    bars: BarAllocator,
+}
+
+impl Platform {
+    /// The legacy devices and an empty PCI bus with its host bridge.
+    pub fn new(vm: &Arc<VmFd>, notifier: ExitNotifier) -> Result<Platform, Error> {
+        let pio = Arc::new(Bus::new());
+        let mmio = Arc::new(Bus::new());
+        let device_error = |id: &'static str| {
+            move |e: std::io::Error| Error::Device(id.to_string(), e.to_string())
+        };
+
+        let interrupt = EventFd::new(EFD_NONBLOCK).map_err(device_error("com1"))?;
+        vm.register_irqfd(&interrupt, COM1_IRQ)
+            .map_err(|e| Error::Kvm("KVM_IRQFD", e))?;
+        let input_space = EventFd::new(0).map_err(device_error("com1"))?;
+        let serial_input_space = input_space.try_clone().map_err(device_error("com1"))?;
+        let serial = Arc::new(Mutex::new(Serial::new(
+            interrupt,
+            input_space,
+            Box::new(ConsoleOutput),
+        )));
+
+        let mut pci = PciConfigIo::new(mmio.clone());
+        pci.add_function(0, Arc::new(Mutex::new(HostBridge)));
+        let pci = Arc::new(Mutex::new(pci));
+
+        let mut platform = Platform {
+            pio,
+            mmio,
+            serial: serial.clone(),
+            serial_input_space,
+            devices: Vec::new(),
+            pci: pci.clone(),
+            routing: MsiRouting::new(vm.clone()),
+            bars: BarAllocator::default(),
+        };
+        platform.add_legacy(
+            serial,
+            "com1",
+            "serial-16550a",
+            COM1_PORT,
+            8,
+            Some(COM1_IRQ),
+        )?;
+        let i8042 = Arc::new(Mutex::new(I8042::new(notifier.clone())));
+        platform.add_legacy(
+            i8042,
+            "i8042",
+            "i8042-reset",
+            I8042_PORT,
+            I8042_PORT_COUNT,
+            None,
+        )?;
+        let pm = Arc::new(Mutex::new(AcpiPm::new(notifier.clone(), S5_SLEEP_TYPE)));
+        platform.add_legacy(
+            pm,
+            "acpi-pm",
+            "acpi-power-management",
+            ACPI_PM_PORT,
+            ACPI_PM_PORT_COUNT,
+            None,
+        )?;
+        platform.add_legacy(
+            pci,
+            "pci-config",
+            "pci-config-mechanism-1",
+            PCI_CONFIG_IO_PORT,
+            PCI_CONFIG_IO_PORT_COUNT,
+            None,
+        )?;
+        let debug_exit = Arc::new(Mutex::new(DebugExit::new(notifier)));
+        platform.add_legacy(
+            debug_exit,
+            "debug-exit",
+            "debug-exit",
+            DEBUG_EXIT_PORT,
+            1,
+            None,
+        )?;
+        Ok(platform)
+    }
+
+    fn add_legacy(
+        &mut self,
+        device: SharedDevice,
+        id: &str,
+        kind: &str,
+        port: u16,
+        count: u16,
+        irq: Option<u32>,
+    ) -> Result<(), Error> {
+        self.pio
+            .insert(device, u64::from(port), u64::from(count))
+            .map_err(|e| Error::Device(id.to_string(), e.to_string()))?;
+        self.devices
+            .push(DeviceDescription::legacy(id, kind, port, count, irq));
+        Ok(())
+    }
+
+    /// Puts a virtio device on the PCI bus: a free slot, a BAR in the PCI
+    /// memory window, MSI-X vectors and queue ioeventfds.
+    pub fn attach_virtio(
+        &mut self,
+        vm: &Arc<VmFd>,
+        memory: &GuestMemoryMmap,
+        device: Box<dyn VirtioDevice>,
+    ) -> Result<(), Error> {
+        let id = device.id().to_string();
+        let fail = |message: String| Error::Device(id.clone(), message);
+        let slot = self
+            .pci
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free_device()
+            .ok_or_else(|| fail("no free PCI slot (31 devices at most)".into()))?;
+        let bar = self
+            .bars
+            .allocate(BAR_SIZE)
+            .ok_or_else(|| fail("the PCI memory window is full".into()))?;
+        let virtio = VirtioPciDevice::new(device, vm.clone(), &self.routing, memory.clone(), bar)
+            .map_err(|e| fail(e.to_string()))?;
+        let kind = format!("virtio-pci (type {})", virtio.device_type());
+        let virtio = Arc::new(Mutex::new(virtio));
+        self.mmio
+            .insert(virtio.clone(), bar, BAR_SIZE)
+            .map_err(|e| fail(e.to_string()))?;
+        self.pci
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add_function(slot, virtio);
+        self.devices.push(DeviceDescription {
+            id: id.clone(),
+            kind,
+            resources: vec![
+                format!("pci 00:{slot:02x}.0"),
+                format!("mmio {:#x}-{:#x}", bar, bar + BAR_SIZE - 1),
+            ],
+        });
+        Ok(())
+    }
+
+    /// What the ACPI tables say about these devices.
+    pub fn acpi(&self, vcpu_count: u8) -> AcpiPlatform {
+        AcpiPlatform {
+            vcpu_count,
+            sleep_control_port: ACPI_PM_PORT + SLEEP_CONTROL_OFFSET as u16,
+            sleep_status_port: ACPI_PM_PORT + SLEEP_STATUS_OFFSET as u16,
+            reset_port: ACPI_PM_PORT + RESET_OFFSET as u16,
+            reset_value: RESET_VALUE,
+            devices: vec![LegacyDevice {
+                name: "COM1",
+                hid: "PNP0501",
+                io: (COM1_PORT, 8),
+                irq: Some(COM1_IRQ),
+            }],
+            reserved_io: vec![
+                (DEBUG_EXIT_PORT, 1),
+                (ACPI_PM_PORT, ACPI_PM_PORT_COUNT as u8),
+            ],
+            pci_mmio_window: (PCI_MMIO_START as u32, (PCI_MMIO_END - 1) as u32),
+        }
+    }
+
+    /// The reset register the reset-vector stub writes.
+    pub fn reset_register() -> (u16, u8) {
+        (ACPI_PM_PORT + RESET_OFFSET as u16, RESET_VALUE)
+    }
+}
+
+/// Builds the virtio devices the command line asks for, before any KVM work,
+/// so a bad option or a missing disk image is reported first.
+pub fn create_virtio_devices(config: &VirtioConfig) -> Result<Vec<Box<dyn VirtioDevice>>, Error> {
+    let devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
+    let VirtioConfig {} = config;
+    Ok(devices)
+}
