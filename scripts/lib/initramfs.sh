@@ -10,9 +10,11 @@ hk_stage_busybox() {
 	mkdir -p "$root/bin"
 	cp "$HK_BUSYBOX" "$root/bin/busybox"
 	chmod 0755 "$root/bin/busybox"
+	local -A dirs=()
 	while read -r path; do
 		[[ $path == bin/busybox ]] && continue
-		mkdir -p "$root/$(dirname "$path")"
+		[[ -n ${dirs[${path%/*}]:-} ]] || mkdir -p "$root/${path%/*}"
+		dirs[${path%/*}]=1
 		ln -sfn /bin/busybox "$root/$path"
 	done < <("$HK_BUSYBOX" --list-full)
 }
@@ -25,7 +27,7 @@ hk_stage_busybox() {
 # are decompressed here, because busybox insmod may not read them. Modules
 # built into the kernel are skipped; unknown names are an error.
 hk_stage_modules() {
-	local root=$1 list=$2 name f rel
+	local root=$1 list=$2 name rel
 	shift 2
 	local moddir=$HK_KIMG/lib/modules/$HK_KREL
 	# Module names use '-' and '_' interchangeably; index by the '_' form.

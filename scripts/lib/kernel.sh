@@ -44,7 +44,9 @@ _hk_kernel_vars() {
 	HK_KPKGVER=${HK_KPKGVER%_*}
 	HK_KPKGVER=${HK_KPKGVER//%3a/:}
 	local mods=("$HK_KIMG"/lib/modules/*)
-	((${#mods[@]} == 1)) && [[ -d ${mods[0]} ]] || hk_die "$HK_KPKG: expected one lib/modules/<release>"
+	if ((${#mods[@]} != 1)) || [[ ! -d ${mods[0]} ]]; then
+		hk_die "$HK_KPKG: expected one lib/modules/<release>"
+	fi
 	HK_KREL=${mods[0]##*/}
 	HK_VMLINUZ=$HK_KIMG/boot/vmlinuz-$HK_KREL
 	[[ -f $HK_VMLINUZ ]] || hk_die "$HK_KPKG has no boot/vmlinuz-$HK_KREL"
