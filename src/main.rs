@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use vmm::config::{parse_memory_size, parse_vcpu_count, VmConfig, DEFAULT_CMDLINE};
+use vmm::config::{parse_memory_size, parse_vcpu_count, VirtioConfig, VmConfig, DEFAULT_CMDLINE};
 use vmm::VMM_FAILURE_STATUS;
 
 #[derive(Parser)]
@@ -50,6 +50,15 @@ struct RunArgs {
     /// Serve the control API on this Unix socket.
     #[arg(long, value_name = "PATH")]
     api_socket: Option<PathBuf>,
+    /// Add a virtio entropy device (/dev/hwrng in the guest): [id=NAME].
+    #[arg(long, value_name = "OPTIONS", num_args = 0..=1, default_missing_value = "")]
+    rng: Option<String>,
+    /// Add a virtio balloon: [size=MIB][,deflate_on_oom=on][,stats=on|off].
+    #[arg(long, value_name = "OPTIONS", num_args = 0..=1, default_missing_value = "")]
+    balloon: Option<String>,
+    /// Add a virtio input device: keyboard, or tablet[,width=W,height=H]. Repeatable.
+    #[arg(long, value_name = "KIND[,OPTIONS]")]
+    input: Vec<String>,
     /// Offer KVM asynchronous page faults to the guest (on|off).
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
     async_pf: bool,
@@ -162,7 +171,11 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
         exec: args.exec,
         api_socket: args.api_socket,
         async_pf: args.async_pf,
-        virtio: Default::default(),
+        virtio: VirtioConfig {
+            rng: args.rng,
+            balloon: args.balloon,
+            inputs: args.input,
+        },
     })
 }
 

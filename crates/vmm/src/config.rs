@@ -34,7 +34,14 @@ pub struct VmConfig {
 /// Virtio devices as the command line gives them: each a `key=value,...`
 /// string that the device's own parser checks.
 #[derive(Clone, Debug, Default)]
-pub struct VirtioConfig {}
+pub struct VirtioConfig {
+    /// `--rng [id=..]`.
+    pub rng: Option<String>,
+    /// `--balloon [size=MIB][,deflate_on_oom=on][,stats=on|off]`.
+    pub balloon: Option<String>,
+    /// `--input keyboard|tablet[,width=..,height=..]`, repeatable.
+    pub inputs: Vec<String>,
+}
 
 /// The kernel command line hakoniwa uses when none is given: serial
 /// console, few boot messages (each console byte is a VM exit), no port

@@ -18,7 +18,10 @@ use devices::pci::{
     BarAllocator, HostBridge, PciConfigIo, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_PORT_COUNT,
     PCI_MMIO_END, PCI_MMIO_START,
 };
+use devices::virtio::balloon::{Balloon, BalloonControl};
+use devices::virtio::input::{Input, InputControl};
 use devices::virtio::pci::{VirtioPciDevice, BAR_SIZE};
+use devices::virtio::rng::Rng;
 use devices::virtio::VirtioDevice;
 use devices::{Bus, ExitNotifier, SharedDevice};
 use kvm_ioctls::VmFd;
@@ -210,10 +213,36 @@ impl Platform {
     }
 }
 
+/// The virtio devices to attach, and the handles the VMM keeps to drive
+/// them at run time (the API's balloon endpoint, the display's input).
+#[derive(Default)]
+pub struct VirtioDevices {
+    pub devices: Vec<Box<dyn VirtioDevice>>,
+    pub balloon: Option<Arc<BalloonControl>>,
+    pub inputs: Vec<Arc<InputControl>>,
+}
+
 /// Builds the virtio devices the command line asks for, before any KVM work,
 /// so a bad option or a missing disk image is reported first.
-pub fn create_virtio_devices(config: &VirtioConfig) -> Result<Vec<Box<dyn VirtioDevice>>, Error> {
-    let devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
-    let VirtioConfig {} = config;
-    Ok(devices)
+pub fn create_virtio_devices(config: &VirtioConfig) -> Result<VirtioDevices, Error> {
+    let option_error =
+        |flag: &str, e: &dyn std::fmt::Display| Error::Device(flag.to_string(), e.to_string());
+    let mut out = VirtioDevices::default();
+    if let Some(options) = &config.rng {
+        let rng = Rng::from_options(options).map_err(|e| option_error("--rng", &e))?;
+        out.devices.push(Box::new(rng));
+    }
+    if let Some(options) = &config.balloon {
+        let (balloon, control) =
+            Balloon::from_options(options).map_err(|e| option_error("--balloon", &e))?;
+        out.devices.push(Box::new(balloon));
+        out.balloon = Some(control);
+    }
+    for options in &config.inputs {
+        let (input, control) =
+            Input::from_options(options).map_err(|e| option_error("--input", &e))?;
+        out.devices.push(Box::new(input));
+        out.inputs.push(control);
+    }
+    Ok(out)
 }

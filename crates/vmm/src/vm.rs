@@ -57,7 +57,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
 
     let notifier = exit_notifier(control.clone(), events.clone());
     let mut platform = Platform::new(&vm_fd, notifier)?;
-    for device in virtio_devices {
+    for device in virtio_devices.devices {
         platform.attach_virtio(&vm_fd, &memory, device)?;
     }
     let rsdp = write_acpi_tables(&memory, &platform.acpi(config.vcpus))?;

@@ -74,7 +74,7 @@ impl PciConfigSpace {
             index + 1 < BAR_COUNT
                 && size.is_power_of_two()
                 && size >= 0x1000
-                && address % size == 0
+                && address.is_multiple_of(size)
         );
         let reg = BAR0_REG + index;
         self.regs[reg] = (address as u32) | BAR_MEM64;
@@ -150,9 +150,16 @@ impl PciConfigSpace {
             return None; // all ones: the guest is sizing the BAR
         }
         let low = BAR0_REG + self.bars[i].index;
+        // While either half still holds its sizing mask, the address is a
+        // transient of the probe, not a place to move to.
+        if self.regs[low] & !0xf == self.writable[low]
+            || self.regs[low + 1] == self.writable[low + 1]
+        {
+            return None;
+        }
         let address = (u64::from(self.regs[low + 1]) << 32) | u64::from(self.regs[low] & !0xf);
         let bar = self.bars[i];
-        if address == bar.address || address % bar.size != 0 {
+        if address == bar.address || !address.is_multiple_of(bar.size) {
             return None;
         }
         self.bars[i].address = address;
@@ -200,6 +207,17 @@ mod tests {
         // Restoring the original address is no move.
         s.write(5, 0, 0xffff_ffff);
         assert_eq!(s.write(4, 0xc000_0000, 0xffff_ffff), None);
+        assert_eq!(s.bars()[0].address, 0xc000_0000);
+    }
+
+    #[test]
+    fn linux_order_of_sizing_is_not_a_move_either() {
+        let mut s = space();
+        s.add_bar64(0, 0xc000_0000, 0x8000);
+        for (reg, original) in [(4, 0xc000_0000u32), (5, 0)] {
+            assert_eq!(s.write(reg, 0xffff_ffff, 0xffff_ffff), None);
+            assert_eq!(s.write(reg, original, 0xffff_ffff), None);
+        }
         assert_eq!(s.bars()[0].address, 0xc000_0000);
     }
 

@@ -134,7 +134,10 @@ impl Msix {
 
     pub fn write_table(&mut self, offset: u64, data: &[u8]) {
         let vector = (offset / ENTRY_SIZE) as usize;
-        if vector >= self.entries.len() || (data.len() != 4 && data.len() != 8) || offset % 4 != 0 {
+        if vector >= self.entries.len()
+            || (data.len() != 4 && data.len() != 8)
+            || !offset.is_multiple_of(4)
+        {
             return;
         }
         // An 8-byte write covers two dwords.

@@ -173,16 +173,7 @@ impl FileDisk {
             o.open(path)
         };
         let direct = config.cache == CacheMode::None;
-        let file = open(direct).map_err(|e| match e.raw_os_error() {
-            Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::ETXTBSY) if !config.readonly => {
-                BlockError::NotWritable {
-                    path: path.clone(),
-                    source: e,
-                }
-            }
-            Some(libc::EINVAL) if direct => BlockError::DirectIoUnsupported(path.clone()),
-            _ => io_err("cannot open it", e),
-        })?;
+        let file = open(direct).map_err(|e| open_error(config, e))?;
         lock(&file, config.readonly).map_err(|e| {
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 BlockError::Locked(path.clone())
@@ -272,7 +263,7 @@ impl FileDisk {
             return (&self.file, Guard::None);
         };
         let a = self.align;
-        if (ptr as u64 | offset | len as u64) % a == 0 {
+        if (ptr as u64 | offset | len as u64).is_multiple_of(a) {
             let g = self.lock.read().unwrap_or_else(PoisonError::into_inner);
             (&self.file, Guard::Shared(g))
         } else {
@@ -412,6 +403,25 @@ impl DiskBackend for FileDisk {
             }
         }
         self.write_zeroes_by_writing(offset, len)
+    }
+}
+
+/// Names the reason `open(2)` failed on the image of `config`.
+pub(crate) fn open_error(config: &BlockConfig, e: io::Error) -> BlockError {
+    let path = config.path.clone();
+    match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::ETXTBSY) if !config.readonly => {
+            BlockError::NotWritable { path, source: e }
+        }
+        Some(libc::EINVAL) if config.cache == CacheMode::None => {
+            BlockError::DirectIoUnsupported(path)
+        }
+        Some(libc::ENOENT) => BlockError::NotFound(path),
+        _ => BlockError::Io {
+            path,
+            what: "cannot open it",
+            source: e,
+        },
     }
 }
 

@@ -141,7 +141,7 @@ impl VirtioDevice for Rng {
             });
         }
         let QueueEvents { index, queue, kick } = queues.into_iter().next().unwrap();
-        if !queue.is_valid(&memory) {
+        if index != 0 || !queue.is_valid(&memory) {
             return Err(ActivateError::InvalidQueue(index));
         }
         let fds = vec![kick.as_raw_fd()];
@@ -187,7 +187,11 @@ impl RngHandler {
     fn process_queue(&mut self) {
         let memory = &self.memory;
         let mut used = false;
+        // Rounds in a row that took nothing although the driver's index
+        // says there is more: a broken ring, not worth spinning on.
+        let mut idle_rounds = 0u32;
         loop {
+            let before = self.queue.next_avail();
             if let Err(e) = self.queue.disable_notification(memory) {
                 tracing::warn!("virtio-rng: queue is broken: {e}");
                 break;
@@ -223,8 +227,17 @@ impl RngHandler {
                     Err(e) => tracing::warn!("virtio-rng: cannot return buffer {head}: {e}"),
                 }
             }
+            if self.queue.next_avail() == before {
+                idle_rounds += 1;
+            } else {
+                idle_rounds = 0;
+            }
             match self.queue.enable_notification(memory) {
-                Ok(true) => continue,
+                Ok(true) if idle_rounds < 2 => continue,
+                Ok(true) => {
+                    tracing::warn!("virtio-rng: the available ring index is broken");
+                    break;
+                }
                 Ok(false) => break,
                 Err(e) => {
                     tracing::warn!("virtio-rng: queue is broken: {e}");
@@ -354,7 +367,7 @@ mod tests {
         // A large but valid buffer is capped.
         let big = driver.add(&[Seg::w(0x4_0000, 0x8_0000)]);
         // A chain that loops on itself.
-        let looped = driver.add_looping(0x2_0000, 16);
+        let looped = driver.add_looping(0x2_0000, 16, true);
         // A head index past the descriptor table: skipped by the queue.
         driver.add_bad_head();
         // A valid one after all that still works.
@@ -404,6 +417,53 @@ mod tests {
         let head = driver.add(&[Seg::w(0x2_0000, 8)]);
         kick.write(1).unwrap();
         assert_eq!(driver.wait_used(1), vec![(head as u32, 8)]);
+    }
+
+    #[test]
+    fn a_broken_available_index_does_not_spin_the_worker() {
+        let mem = memory();
+        let mut driver = Driver::new(&mem, GuestAddress(0), 16);
+        let (mut rng, _interrupt, kick) = activate(&mem, &driver);
+        driver.set_avail_idx(1000);
+        kick.write(1).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(driver.used().is_empty());
+        // A spinning worker would never see the stop request.
+        let rng = super::testing::finishes("the reset", move || {
+            rng.reset();
+            rng
+        });
+        assert!(!rng.is_active());
+    }
+
+    #[test]
+    fn event_idx_suppresses_interrupts_the_driver_does_not_want() {
+        let mem = memory();
+        let mut driver = Driver::new(&mem, GuestAddress(0), 16);
+        let mut rng = Rng::new(RngConfig::default());
+        let interrupt = Arc::new(RecordingInterrupt::default());
+        let (mut queue_events, kick) = driver.queue_events(0);
+        queue_events.queue.set_event_idx(true);
+        // Interrupt only after the third buffer (used index passes 2).
+        driver.set_used_event(2);
+        rng.activate(
+            mem.clone(),
+            interrupt.clone(),
+            vec![queue_events],
+            super::super::COMMON_FEATURES,
+        )
+        .unwrap();
+        for _ in 0..2 {
+            driver.add(&[Seg::w(0x2_0000, 8)]);
+            kick.write(1).unwrap();
+            driver.wait_used(1);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(interrupt.queue_count(0), 0);
+        driver.add(&[Seg::w(0x2_0000, 8)]);
+        kick.write(1).unwrap();
+        driver.wait_used(1);
+        super::testing::wait_until("the interrupt", || interrupt.queue_count(0) == 1);
     }
 
     #[test]

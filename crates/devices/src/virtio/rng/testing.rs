@@ -1,13 +1,17 @@
 //! Test helpers shared by the rng, balloon and input tests: a minimal
-//! driver side of a split virtqueue (built on virtio-queue's
-//! `MockSplitQueue` layout) and an interrupt that records what it is told.
+//! driver side of a split virtqueue and an interrupt that records what it
+//! is told.
+//!
+//! virtio-queue's `MockSplitQueue` is not used for the layout: it places
+//! the used ring `size` bytes after the start of the available ring instead
+//! of `2 * size + 6`, so the device's used-ring writes land on the
+//! available ring's entries and `used_event`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use virtio_queue::mock::MockSplitQueue;
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -51,7 +55,9 @@ impl Seg {
 /// The driver side of one split queue.
 pub(crate) struct Driver<'a> {
     mem: &'a GuestMemoryMmap,
-    mock: MockSplitQueue<'a, GuestMemoryMmap>,
+    desc_table: GuestAddress,
+    avail: GuestAddress,
+    used: GuestAddress,
     size: u16,
     next_desc: u16,
     avail_idx: u16,
@@ -59,11 +65,20 @@ pub(crate) struct Driver<'a> {
 }
 
 impl<'a> Driver<'a> {
-    /// A queue of `size` entries laid out from `base`.
+    /// A queue of `size` entries laid out from `base` (zeroed).
     pub fn new(mem: &'a GuestMemoryMmap, base: GuestAddress, size: u16) -> Driver<'a> {
+        let size64 = u64::from(size);
+        let avail = base.unchecked_add(16 * size64);
+        // flags, idx, ring[size], used_event; the used ring is 4-aligned.
+        let used = GuestAddress((avail.raw_value() + 6 + 2 * size64 + 3) & !3);
+        let end = used.raw_value() + 6 + 8 * size64;
+        let zeros = vec![0u8; (end - base.raw_value()) as usize];
+        mem.write_slice(&zeros, base).unwrap();
         Driver {
             mem,
-            mock: MockSplitQueue::create(mem, base, size),
+            desc_table: base,
+            avail,
+            used,
             size,
             next_desc: 0,
             avail_idx: 0,
@@ -74,17 +89,23 @@ impl<'a> Driver<'a> {
     /// The device side of the queue, as the transport would hand it over,
     /// and a clone of its kick eventfd.
     pub fn queue_events(&self, index: u16) -> (QueueEvents, EventFd) {
-        let queue: Queue = self.mock.create_queue().unwrap();
+        let mut queue = Queue::new(self.size).unwrap();
+        queue.set_size(self.size);
+        let split = |a: GuestAddress| (Some(a.0 as u32), Some((a.0 >> 32) as u32));
+        let (lo, hi) = split(self.desc_table);
+        queue.set_desc_table_address(lo, hi);
+        let (lo, hi) = split(self.avail);
+        queue.set_avail_ring_address(lo, hi);
+        let (lo, hi) = split(self.used);
+        queue.set_used_ring_address(lo, hi);
+        queue.set_ready(true);
         let kick = EventFd::new(EFD_NONBLOCK).unwrap();
         let test_kick = kick.try_clone().unwrap();
         (QueueEvents { index, queue, kick }, test_kick)
     }
 
     fn write_desc(&self, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let at = self
-            .mock
-            .desc_table_addr()
-            .unchecked_add(16 * u64::from(index));
+        let at = self.desc_table.unchecked_add(16 * u64::from(index));
         self.mem.write_obj(addr.to_le(), at).unwrap();
         self.mem
             .write_obj(len.to_le(), at.unchecked_add(8))
@@ -98,7 +119,7 @@ impl<'a> Driver<'a> {
     }
 
     fn publish(&mut self, head: u16) {
-        let avail = self.mock.avail_addr();
+        let avail = self.avail;
         let slot = avail.unchecked_add(4 + 2 * u64::from(self.avail_idx % self.size));
         self.mem.write_obj(head.to_le(), slot).unwrap();
         self.avail_idx = self.avail_idx.wrapping_add(1);
@@ -126,11 +147,12 @@ impl<'a> Driver<'a> {
         head
     }
 
-    /// Makes available a writable descriptor whose `next` is itself.
-    pub fn add_looping(&mut self, addr: u64, len: u32) -> u16 {
+    /// Makes available a descriptor whose `next` is itself.
+    pub fn add_looping(&mut self, addr: u64, len: u32, write: bool) -> u16 {
         let head = self.next_desc;
         self.next_desc = (self.next_desc + 1) % self.size;
-        self.write_desc(head, addr, len, F_WRITE | F_NEXT, head);
+        let flags = if write { F_WRITE | F_NEXT } else { F_NEXT };
+        self.write_desc(head, addr, len, flags, head);
         self.publish(head);
         head
     }
@@ -141,9 +163,23 @@ impl<'a> Driver<'a> {
         self.publish(head);
     }
 
+    /// Overwrites the driver's available index (a broken driver).
+    pub fn set_avail_idx(&mut self, idx: u16) {
+        self.avail_idx = idx;
+        self.mem
+            .write_obj(idx.to_le(), self.avail.unchecked_add(2))
+            .unwrap();
+    }
+
+    /// Sets `used_event` (EVENT_IDX): interrupt once the used index passes it.
+    pub fn set_used_event(&self, value: u16) {
+        let at = self.avail.unchecked_add(4 + 2 * u64::from(self.size));
+        self.mem.write_obj(value.to_le(), at).unwrap();
+    }
+
     /// The used-ring entries (id, len) added since the last call.
     pub fn used(&mut self) -> Vec<(u32, u32)> {
-        let used = self.mock.used_addr();
+        let used = self.used;
         let idx: u16 = u16::from_le(self.mem.read_obj(used.unchecked_add(2)).unwrap());
         let mut out = Vec::new();
         while self.used_seen != idx {
@@ -169,6 +205,17 @@ impl<'a> Driver<'a> {
         }
         out
     }
+}
+
+/// Runs `f` (e.g. a device reset, which joins its worker) on another
+/// thread and fails the test if it does not finish in time.
+pub(crate) fn finishes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(TIMEOUT)
+        .unwrap_or_else(|_| panic!("{what} did not finish"))
 }
 
 /// Waits until `f` holds; fails the test on timeout.

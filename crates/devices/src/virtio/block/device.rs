@@ -1,0 +1,478 @@
+//! [`Block`]: the virtio-blk [`VirtioDevice`].
+//!
+//! Once activated, one queue thread (a [`spawn_worker`] worker) takes
+//! chains off the available ring and hands them to a small pool of I/O
+//! threads, so a slow request does not hold up the others. An I/O thread
+//! parses and runs its request ([`process_chain`]) and sends the
+//! completion back; the queue thread alone puts completions in the used
+//! ring and decides (EVENT_IDX-aware) whether to interrupt the guest.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO,
+    VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
+};
+use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::{DescriptorChain, Queue, QueueT};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::io::{AlignedBuf, DiskBackend, FileDisk};
+use super::metrics::{add, BlockMetrics, Metrics};
+use super::request::{
+    micros_since, process_chain, RequestContext, DISCARD_SECTOR_ALIGNMENT, MAX_DISCARD_SECTORS,
+    MAX_DISCARD_SEG, MAX_WRITE_ZEROES_SECTORS,
+};
+use super::{BlockConfig, BlockError, SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
+use crate::virtio::worker::{spawn_worker, Worker, WorkerHandler};
+use crate::virtio::{ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt, COMMON_FEATURES};
+use crate::GuestMemoryMmap;
+
+/// Size of the request queue.
+pub const QUEUE_SIZE: u16 = 256;
+/// I/O threads per disk.
+pub const IO_THREADS: usize = 4;
+/// Each I/O thread's bounce buffer; larger requests go through it in
+/// pieces.
+const SCRATCH_LEN: usize = 512 * 1024;
+/// The configuration space served: `struct virtio_blk_config` up to and
+/// including `write_zeroes_may_unmap` and its padding. Reads past it (the
+/// secure-erase and zoned fields, which are not offered) are zeroes.
+pub const CONFIG_LEN: usize = 60;
+/// Physical block size advertised (VIRTIO_BLK_F_TOPOLOGY), as a power of
+/// two of logical blocks: 4 KiB, what host page caches and O_DIRECT on
+/// 4K-sector disks prefer.
+const PHYSICAL_BLOCK_EXP: u8 = 3;
+
+const KICK_TOKEN: usize = 0;
+const DONE_TOKEN: usize = 1;
+
+/// A virtio-blk device on a disk image.
+pub struct Block {
+    name: String,
+    config: BlockConfig,
+    /// The image when the disk is one (see [`Block::from_backend`]).
+    file: Option<Arc<FileDisk>>,
+    backend: Arc<dyn DiskBackend>,
+    serial: [u8; SERIAL_LEN],
+    capacity: u64,
+    features: u64,
+    config_space: [u8; CONFIG_LEN],
+    queue_sizes: [u16; 1],
+    metrics: Arc<Metrics>,
+    running: Option<Running>,
+}
+
+impl Block {
+    /// Opens the image of `config` (see [`FileDisk::open`] for what is
+    /// checked). The device is named after `config.id`, or "disk".
+    pub fn new(config: BlockConfig) -> Result<Block, BlockError> {
+        let disk = Arc::new(FileDisk::open(&config)?);
+        tracing::info!(
+            "disk {}: {} bytes, cache={}, {}",
+            config.path.display(),
+            disk.size(),
+            config.cache,
+            if config.readonly {
+                "read-only"
+            } else {
+                "read-write"
+            }
+        );
+        let mut block = Block::from_backend(config, disk.clone(), disk.size(), *disk.serial());
+        block.file = Some(disk);
+        Ok(block)
+    }
+
+    /// A device on any back end of `size` bytes (rounded down to whole
+    /// sectors); `config` gives the name, read-only and the cache mode
+    /// label, its path is not opened.
+    pub fn from_backend(
+        config: BlockConfig,
+        backend: Arc<dyn DiskBackend>,
+        size: u64,
+        serial: [u8; SERIAL_LEN],
+    ) -> Block {
+        let capacity = size >> SECTOR_SHIFT;
+        let mut features = COMMON_FEATURES
+            | (1 << VIRTIO_BLK_F_FLUSH)
+            | (1 << VIRTIO_BLK_F_BLK_SIZE)
+            | (1 << VIRTIO_BLK_F_SEG_MAX)
+            | (1 << VIRTIO_BLK_F_TOPOLOGY);
+        if config.readonly {
+            features |= 1 << VIRTIO_BLK_F_RO;
+        } else {
+            features |= (1 << VIRTIO_BLK_F_DISCARD) | (1 << VIRTIO_BLK_F_WRITE_ZEROES);
+        }
+        Block {
+            name: config.id.clone().unwrap_or_else(|| "disk".to_string()),
+            config_space: config_space(capacity, config.readonly),
+            config,
+            file: None,
+            backend,
+            serial,
+            capacity,
+            features,
+            queue_sizes: [QUEUE_SIZE],
+            metrics: Arc::new(Metrics::default()),
+            running: None,
+        }
+    }
+
+    /// Renames the device (e.g. "disk1" when there are several), for logs
+    /// and `vm.info`. The GET_ID serial does not change.
+    pub fn set_name(&mut self, name: impl Into<String>) {
+        self.name = name.into();
+    }
+
+    /// What it was opened with.
+    pub fn config(&self) -> &BlockConfig {
+        &self.config
+    }
+
+    /// The capacity in 512-byte sectors.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The opened image (None for [`Block::from_backend`] devices).
+    pub fn disk(&self) -> Option<&FileDisk> {
+        self.file.as_deref()
+    }
+
+    /// Whether the queue is being served.
+    pub fn is_active(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// The request counters so far.
+    pub fn metrics(&self) -> BlockMetrics {
+        self.metrics.snapshot()
+    }
+}
+
+/// `struct virtio_blk_config`, little-endian.
+fn config_space(capacity: u64, readonly: bool) -> [u8; CONFIG_LEN] {
+    let mut c = [0u8; CONFIG_LEN];
+    let mut put =
+        |offset: usize, bytes: &[u8]| c[offset..offset + bytes.len()].copy_from_slice(bytes);
+    put(0, &capacity.to_le_bytes());
+    // size_max (8) is not offered; seg_max leaves room for header and status.
+    put(12, &(u32::from(QUEUE_SIZE) - 2).to_le_bytes());
+    // geometry (16) is not offered.
+    put(20, &(SECTOR_SIZE as u32).to_le_bytes());
+    put(24, &[PHYSICAL_BLOCK_EXP, 0]); // physical_block_exp, alignment_offset
+    put(26, &(1u16 << PHYSICAL_BLOCK_EXP).to_le_bytes()); // min_io_size
+    put(34, &1u16.to_le_bytes()); // num_queues
+    if !readonly {
+        put(36, &MAX_DISCARD_SECTORS.to_le_bytes());
+        put(40, &MAX_DISCARD_SEG.to_le_bytes());
+        put(44, &DISCARD_SECTOR_ALIGNMENT.to_le_bytes());
+        put(48, &MAX_WRITE_ZEROES_SECTORS.to_le_bytes());
+        put(52, &MAX_DISCARD_SEG.to_le_bytes());
+        put(56, &[1]); // write_zeroes_may_unmap
+    }
+    c
+}
+
+impl VirtioDevice for Block {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_BLOCK
+    }
+
+    fn id(&self) -> &str {
+        &self.name
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn device_features(&self) -> u64 {
+        self.features
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let start = usize::try_from(offset).ok();
+        for (i, byte) in data.iter_mut().enumerate() {
+            *byte = start
+                .and_then(|s| s.checked_add(i))
+                .and_then(|p| self.config_space.get(p))
+                .copied()
+                .unwrap_or(0);
+        }
+    }
+
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        // Nothing is writable: `wce` needs VIRTIO_BLK_F_CONFIG_WCE.
+        tracing::debug!(
+            "{}: ignoring a {}-byte config write at {offset}",
+            self.name,
+            data.len()
+        );
+    }
+
+    fn activate(
+        &mut self,
+        memory: GuestMemoryMmap,
+        interrupt: Arc<dyn VirtioInterrupt>,
+        mut queues: Vec<QueueEvents>,
+        acked_features: u64,
+    ) -> Result<(), ActivateError> {
+        self.reset();
+        if queues.len() != 1 {
+            return Err(ActivateError::QueueCount {
+                got: queues.len(),
+                needed: 1,
+            });
+        }
+        let QueueEvents {
+            index,
+            mut queue,
+            kick,
+        } = queues.remove(0);
+        if !queue.is_valid(&memory) {
+            return Err(ActivateError::InvalidQueue(index));
+        }
+        let acked = acked_features & self.features;
+        queue.set_event_idx(acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0);
+        let mem = Arc::new(memory);
+        let worker_err = |e: std::io::Error| ActivateError::Worker(e.to_string());
+
+        let abort = Arc::new(AtomicBool::new(false));
+        // Declared before the job sender so that, on an early return, the
+        // sender is dropped first and the pool's threads can be joined.
+        let mut pool = Pool {
+            threads: Vec::new(),
+            abort: abort.clone(),
+        };
+        let done_evt = EventFd::new(EFD_NONBLOCK).map_err(worker_err)?;
+        let (job_tx, job_rx) = mpsc::channel::<Job>();
+        let (done_tx, done_rx) = mpsc::channel();
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        for i in 0..IO_THREADS {
+            let io = IoThread {
+                mem: mem.clone(),
+                disk: self.backend.clone(),
+                serial: self.serial,
+                metrics: self.metrics.clone(),
+                capacity: self.capacity,
+                readonly: self.config.readonly,
+                acked_features: acked,
+                jobs: job_rx.clone(),
+                done: done_tx.clone(),
+                done_evt: done_evt.try_clone().map_err(worker_err)?,
+                abort: abort.clone(),
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("{}-io{i}", self.name))
+                .spawn(move || io.run())
+                .map_err(worker_err)?;
+            pool.threads.push(thread);
+        }
+        let fds = vec![kick.as_raw_fd(), done_evt.as_raw_fd()];
+        let handler = QueueHandler {
+            name: self.name.clone(),
+            index,
+            mem,
+            queue,
+            kick,
+            done_evt,
+            done_rx,
+            jobs: job_tx,
+            interrupt,
+        };
+        // On failure the handler (and with it the job sender) is dropped,
+        // so `pool` winds down when dropped.
+        let worker =
+            spawn_worker(format!("{}-queue", self.name), fds, handler).map_err(worker_err)?;
+        self.running = Some(Running { worker, pool });
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        if let Some(Running { worker, pool }) = self.running.take() {
+            // Stops the queue thread first: that drops the job sender, so
+            // the I/O threads finish what they are doing and leave.
+            drop(worker);
+            drop(pool);
+        }
+    }
+}
+
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Block")
+            .field("name", &self.name)
+            .field("config", &self.config)
+            .field("capacity", &self.capacity)
+            .field("active", &self.is_active())
+            .finish()
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        self.reset();
+    }
+}
+
+struct Running {
+    worker: Worker,
+    pool: Pool,
+}
+
+struct Pool {
+    threads: Vec<JoinHandle<()>>,
+    abort: Arc<AtomicBool>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Requests still waiting are dropped unanswered (the device is
+        // being reset); the ones in progress complete on the disk.
+        self.abort.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A chain taken off the available ring, for an I/O thread.
+struct Job {
+    chain: DescriptorChain<Arc<GuestMemoryMmap>>,
+    head: u16,
+    start: Instant,
+}
+
+struct IoThread {
+    mem: Arc<GuestMemoryMmap>,
+    disk: Arc<dyn DiskBackend>,
+    serial: [u8; SERIAL_LEN],
+    metrics: Arc<Metrics>,
+    capacity: u64,
+    readonly: bool,
+    acked_features: u64,
+    jobs: Arc<Mutex<Receiver<Job>>>,
+    done: Sender<(u16, u32)>,
+    done_evt: EventFd,
+    abort: Arc<AtomicBool>,
+}
+
+impl IoThread {
+    fn run(self) {
+        let mut scratch = AlignedBuf::new(SCRATCH_LEN);
+        let ctx = RequestContext {
+            disk: &*self.disk,
+            capacity: self.capacity,
+            readonly: self.readonly,
+            acked_features: self.acked_features,
+            serial: self.serial,
+            metrics: &self.metrics,
+        };
+        loop {
+            let job = {
+                let jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+                jobs.recv()
+            };
+            let Ok(job) = job else { return };
+            if self.abort.load(Ordering::SeqCst) {
+                return;
+            }
+            let completion = process_chain(job.chain, &self.mem, &ctx, &mut scratch);
+            add(&self.metrics.latency_us_sum, micros_since(job.start));
+            add(&self.metrics.completed, 1);
+            if self.done.send((job.head, completion.used_len)).is_err() {
+                return;
+            }
+            let _ = self.done_evt.write(1);
+        }
+    }
+}
+
+/// The queue thread's state.
+struct QueueHandler {
+    name: String,
+    index: u16,
+    mem: Arc<GuestMemoryMmap>,
+    queue: Queue,
+    kick: EventFd,
+    done_evt: EventFd,
+    done_rx: Receiver<(u16, u32)>,
+    jobs: Sender<Job>,
+    interrupt: Arc<dyn VirtioInterrupt>,
+}
+
+impl QueueHandler {
+    /// Hands every available chain to the I/O threads.
+    fn take_requests(&mut self) {
+        loop {
+            if let Err(e) = self.queue.disable_notification(&*self.mem) {
+                tracing::warn!("{}: cannot disable notifications: {e}", self.name);
+            }
+            let mut taken = 0;
+            while let Some(chain) = self.queue.pop_descriptor_chain(self.mem.clone()) {
+                taken += 1;
+                let job = Job {
+                    head: chain.head_index(),
+                    chain,
+                    start: Instant::now(),
+                };
+                if self.jobs.send(job).is_err() {
+                    return;
+                }
+            }
+            match self.queue.enable_notification(&*self.mem) {
+                // More arrived meanwhile; but if nothing could be taken the
+                // ring is broken (e.g. an avail index out of range) and
+                // looping would spin.
+                Ok(true) if taken > 0 => continue,
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!("{}: cannot enable notifications: {e}", self.name);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Puts finished requests in the used ring and interrupts if needed.
+    fn complete(&mut self) {
+        let mut added = false;
+        while let Ok((head, len)) = self.done_rx.try_recv() {
+            match self.queue.add_used(&*self.mem, head, len) {
+                Ok(()) => added = true,
+                Err(e) => tracing::warn!("{}: cannot complete request {head}: {e}", self.name),
+            }
+        }
+        if added {
+            match self.queue.needs_notification(&*self.mem) {
+                Ok(false) => {}
+                Ok(true) | Err(_) => self.interrupt.notify_queue(self.index),
+            }
+        }
+    }
+}
+
+impl WorkerHandler for QueueHandler {
+    fn handle(&mut self, token: usize, _events: EventSet) {
+        match token {
+            KICK_TOKEN => {
+                let _ = self.kick.read();
+                self.take_requests();
+            }
+            DONE_TOKEN => {
+                let _ = self.done_evt.read();
+                self.complete();
+            }
+            _ => {}
+        }
+    }
+}

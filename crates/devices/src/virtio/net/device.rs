@@ -1,0 +1,244 @@
+//! The virtio-net device: features, configuration space, lifecycle.
+
+use std::sync::Arc;
+
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
+    VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF,
+    VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+};
+use virtio_queue::QueueT;
+
+use super::handler::{NetHandler, NetWorker};
+use super::{
+    derived_mac, NetBackend, NetConfig, NetMetrics, NetMetricsSnapshot, Tap, TapError, QUEUE_SIZE,
+    RX_QUEUE, TX_QUEUE,
+};
+use crate::options::OptionsError;
+use crate::virtio::{ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt, COMMON_FEATURES};
+use crate::GuestMemoryMmap;
+
+const fn bit(b: u32) -> u64 {
+    1 << b
+}
+
+/// Offloads: the guest may hand us partially checksummed and TSO frames
+/// (the TAP accepts them as they are), and may take them from us if it
+/// says so (then the TAP is told, with TUNSETOFFLOAD, that it may send them).
+const OFFLOAD_FEATURES: u64 = bit(VIRTIO_NET_F_CSUM)
+    | bit(VIRTIO_NET_F_GUEST_CSUM)
+    | bit(VIRTIO_NET_F_GUEST_TSO4)
+    | bit(VIRTIO_NET_F_GUEST_TSO6)
+    | bit(VIRTIO_NET_F_HOST_TSO4)
+    | bit(VIRTIO_NET_F_HOST_TSO6);
+
+/// Size of the configuration space we expose: mac[6], status u16,
+/// max_virtqueue_pairs u16, mtu u16.
+const CONFIG_LEN: usize = 12;
+
+/// Why a net device could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("--net: {0}")]
+    Options(#[from] OptionsError),
+    #[error("--net: {0}")]
+    Tap(#[from] TapError),
+}
+
+/// A virtio-net device (device id 1).
+pub struct Net {
+    id: String,
+    backend: Arc<dyn NetBackend>,
+    mac: [u8; 6],
+    features: u64,
+    config: [u8; CONFIG_LEN],
+    metrics: Arc<NetMetrics>,
+    worker: Option<NetWorker>,
+}
+
+impl Net {
+    /// Parses `--net` options and opens the TAP. `default_id` names the
+    /// device when the options give no `id=` (e.g. "net0").
+    pub fn from_options(text: &str, default_id: &str) -> Result<Net, NetError> {
+        let config = NetConfig::parse(text)?;
+        Net::new(&config, default_id)
+    }
+
+    /// Opens the TAP of `config`.
+    pub fn new(config: &NetConfig, default_id: &str) -> Result<Net, NetError> {
+        let tap = Tap::open(&config.tap)?;
+        let id = config.id.clone().unwrap_or_else(|| default_id.to_string());
+        let mac = config
+            .mac
+            .unwrap_or_else(|| derived_mac(config.id.as_deref().unwrap_or(&config.tap)));
+        Ok(Net::with_backend(id, Arc::new(tap), mac, config.mtu))
+    }
+
+    /// A device over any back end (tests, other back ends).
+    pub fn with_backend(
+        id: String,
+        backend: Arc<dyn NetBackend>,
+        mac: [u8; 6],
+        mtu: Option<u16>,
+    ) -> Net {
+        let mut features = COMMON_FEATURES
+            | bit(VIRTIO_NET_F_MAC)
+            | bit(VIRTIO_NET_F_STATUS)
+            | bit(VIRTIO_NET_F_MRG_RXBUF)
+            | OFFLOAD_FEATURES;
+        let mut config = [0u8; CONFIG_LEN];
+        config[..6].copy_from_slice(&mac);
+        config[6..8].copy_from_slice(&(VIRTIO_NET_S_LINK_UP as u16).to_le_bytes());
+        config[8..10].copy_from_slice(&1u16.to_le_bytes());
+        if let Some(mtu) = mtu {
+            features |= bit(VIRTIO_NET_F_MTU);
+            config[10..12].copy_from_slice(&mtu.to_le_bytes());
+        }
+        Net {
+            id,
+            backend,
+            mac,
+            features,
+            config,
+            metrics: Arc::new(NetMetrics::default()),
+            worker: None,
+        }
+    }
+
+    /// The guest's MAC address.
+    pub fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    /// The back end's name (the TAP interface).
+    pub fn backend_name(&self) -> &str {
+        self.backend.name()
+    }
+
+    /// The device's counters (live).
+    pub fn metrics(&self) -> Arc<NetMetrics> {
+        self.metrics.clone()
+    }
+
+    /// A copy of the counters.
+    pub fn metrics_snapshot(&self) -> NetMetricsSnapshot {
+        self.metrics.snapshot()
+    }
+}
+
+/// The TUN_F_* offloads the TAP may use towards a guest with `acked`.
+pub(crate) fn tap_offloads(acked: u64) -> u32 {
+    let mut flags = 0;
+    if acked & bit(VIRTIO_NET_F_GUEST_CSUM) != 0 {
+        flags |= libc::TUN_F_CSUM;
+        if acked & bit(VIRTIO_NET_F_GUEST_TSO4) != 0 {
+            flags |= libc::TUN_F_TSO4;
+        }
+        if acked & bit(VIRTIO_NET_F_GUEST_TSO6) != 0 {
+            flags |= libc::TUN_F_TSO6;
+        }
+    }
+    flags
+}
+
+impl VirtioDevice for Net {
+    fn device_type(&self) -> u32 {
+        virtio_bindings::virtio_ids::VIRTIO_ID_NET
+    }
+
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE, QUEUE_SIZE]
+    }
+
+    fn device_features(&self) -> u64 {
+        self.features
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config, offset, data);
+    }
+
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        // Every field is read-only for a virtio 1.x driver.
+        tracing::debug!(
+            "{}: ignored config write of {} bytes at {offset}",
+            self.id,
+            data.len()
+        );
+    }
+
+    fn activate(
+        &mut self,
+        memory: GuestMemoryMmap,
+        interrupt: Arc<dyn VirtioInterrupt>,
+        queues: Vec<QueueEvents>,
+        acked_features: u64,
+    ) -> Result<(), ActivateError> {
+        self.reset();
+        if queues.len() != 2 {
+            return Err(ActivateError::QueueCount {
+                got: queues.len(),
+                needed: 2,
+            });
+        }
+        let mut rx = None;
+        let mut tx = None;
+        for mut q in queues {
+            if !q.queue.is_valid(&memory) {
+                return Err(ActivateError::InvalidQueue(q.index));
+            }
+            q.queue.set_event_idx(
+                acked_features & bit(virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX) != 0,
+            );
+            match q.index {
+                RX_QUEUE if rx.is_none() => rx = Some(q),
+                TX_QUEUE if tx.is_none() => tx = Some(q),
+                other => return Err(ActivateError::InvalidQueue(other)),
+            }
+        }
+        let (Some(rx), Some(tx)) = (rx, tx) else {
+            return Err(ActivateError::QueueCount { got: 1, needed: 2 });
+        };
+        self.backend
+            .set_offload(tap_offloads(acked_features))
+            .map_err(|e| {
+                ActivateError::Backend(format!("{}: TUNSETOFFLOAD failed: {e}", self.id))
+            })?;
+        let handler = NetHandler::new(
+            memory,
+            interrupt,
+            rx,
+            tx,
+            self.backend.clone(),
+            acked_features & bit(VIRTIO_NET_F_MRG_RXBUF) != 0,
+            self.metrics.clone(),
+        );
+        let worker = NetWorker::spawn(format!("{}-worker", self.id), handler)
+            .map_err(|e| ActivateError::Worker(e.to_string()))?;
+        self.worker = Some(worker);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        // Dropping the worker stops and joins it; the queues go with it.
+        self.worker = None;
+    }
+}
+
+/// Copies `config[offset..offset+data.len()]` into `data`, zeros past the
+/// end; any offset and length are fine.
+pub(crate) fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Ok(start) = usize::try_from(offset) else {
+        return;
+    };
+    if start >= config.len() {
+        return;
+    }
+    let n = data.len().min(config.len() - start);
+    data[..n].copy_from_slice(&config[start..start + n]);
+}

@@ -1,0 +1,387 @@
+//! The net device's worker: moves frames between the queues and the back
+//! end on its own thread.
+//!
+//! The thread waits (epoll) on the rx and tx kicks, the back end's fd
+//! (edge-triggered: readiness is remembered in `backend_readable`) and a
+//! stop eventfd. A frame read from the back end while the guest has no rx
+//! buffer is kept (`pending`) and the back end is not read again until the
+//! guest kicks rx: no busy loop and no frame lost to a full ring.
+
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::{NetBackend, NetMetrics, MAX_FRAME_LEN, NET_HDR_LEN, NUM_BUFFERS_OFFSET};
+use super::{RX_QUEUE, TX_QUEUE};
+use crate::virtio::{QueueEvents, VirtioInterrupt};
+use crate::GuestMemoryMmap;
+
+const STOP: u64 = 0;
+const RX_KICK: u64 = 1;
+const TX_KICK: u64 = 2;
+const BACKEND: u64 = 3;
+
+/// Frames moved per direction before the loop looks at other events.
+const BUDGET: usize = 256;
+
+/// What became of one frame offered to the rx queue.
+enum Rx {
+    Delivered,
+    Dropped,
+    NoBuffers,
+}
+
+/// The queue state and buffers the worker thread owns.
+pub(super) struct NetHandler {
+    mem: GuestMemoryMmap,
+    interrupt: Arc<dyn VirtioInterrupt>,
+    rx: Queue,
+    rx_kick: EventFd,
+    tx: Queue,
+    tx_kick: EventFd,
+    backend: Arc<dyn NetBackend>,
+    mrg_rxbuf: bool,
+    metrics: Arc<NetMetrics>,
+    /// A frame read from the back end (`pending` bytes long, 0 = none).
+    frame: Vec<u8>,
+    pending: usize,
+    /// The back end may have frames to read (edge-triggered readiness).
+    backend_readable: bool,
+    /// The guest had no rx buffer; wait for an rx kick.
+    rx_stalled: bool,
+    /// tx stopped at its budget with chains left.
+    tx_more: bool,
+    tx_buf: Vec<u8>,
+}
+
+impl NetHandler {
+    pub(super) fn new(
+        mem: GuestMemoryMmap,
+        interrupt: Arc<dyn VirtioInterrupt>,
+        rx: QueueEvents,
+        tx: QueueEvents,
+        backend: Arc<dyn NetBackend>,
+        mrg_rxbuf: bool,
+        metrics: Arc<NetMetrics>,
+    ) -> NetHandler {
+        NetHandler {
+            mem,
+            interrupt,
+            rx: rx.queue,
+            rx_kick: rx.kick,
+            tx: tx.queue,
+            tx_kick: tx.kick,
+            backend,
+            mrg_rxbuf,
+            metrics,
+            frame: vec![0; MAX_FRAME_LEN],
+            pending: 0,
+            backend_readable: true,
+            rx_stalled: false,
+            tx_more: false,
+            tx_buf: vec![0; MAX_FRAME_LEN],
+        }
+    }
+
+    /// Whether rx work is waiting that does not need a new event.
+    fn wants_rx(&self) -> bool {
+        !self.rx_stalled && (self.pending > 0 || self.backend_readable)
+    }
+
+    /// Whether any work is waiting that does not need a new event.
+    fn has_work(&self) -> bool {
+        self.tx_more || self.wants_rx()
+    }
+
+    /// Sends every frame the guest queued on tx to the back end.
+    pub(super) fn process_tx(&mut self) {
+        let mut used = 0usize;
+        self.tx_more = false;
+        'outer: loop {
+            if let Err(e) = self.tx.disable_notification(&self.mem) {
+                tracing::warn!("net tx: cannot disable notifications: {e}");
+            }
+            let mut popped = 0usize;
+            while let Some(chain) = self.tx.pop_descriptor_chain(&self.mem) {
+                popped += 1;
+                let head = chain.head_index();
+                let ok = (|| {
+                    if chain.clone().writable().next().is_some() {
+                        return Err("tx chain has device-writable descriptors");
+                    }
+                    let mut reader = chain
+                        .reader(&self.mem)
+                        .map_err(|_| "tx chain is outside guest memory")?;
+                    let len = reader.available_bytes();
+                    if len < NET_HDR_LEN {
+                        return Err("tx chain is shorter than the vnet header");
+                    }
+                    if len > MAX_FRAME_LEN {
+                        return Err("tx frame is larger than 65562 bytes");
+                    }
+                    reader
+                        .read_exact(&mut self.tx_buf[..len])
+                        .map_err(|_| "tx chain could not be read")?;
+                    Ok(len)
+                })();
+                match ok {
+                    Ok(len) => match self.backend.write_frame(&self.tx_buf[..len]) {
+                        Ok(_) => {
+                            NetMetrics::add(&self.metrics.tx_frames, 1);
+                            NetMetrics::add(&self.metrics.tx_bytes, (len - NET_HDR_LEN) as u64);
+                        }
+                        Err(e) => {
+                            tracing::trace!("net tx: {}: write failed: {e}", self.backend.name());
+                            NetMetrics::add(&self.metrics.tx_dropped, 1);
+                        }
+                    },
+                    Err(why) => {
+                        tracing::debug!("net tx: dropped: {why}");
+                        NetMetrics::add(&self.metrics.tx_dropped, 1);
+                    }
+                }
+                if let Err(e) = self.tx.add_used(&self.mem, head, 0) {
+                    tracing::warn!("net tx: add_used: {e}");
+                } else {
+                    used += 1;
+                }
+                if used >= BUDGET {
+                    // Let rx run; come back without waiting for a kick
+                    // (notifications stay off meanwhile).
+                    self.tx_more = true;
+                    break 'outer;
+                }
+            }
+            match self.tx.enable_notification(&self.mem) {
+                // More arrived while notifications were off.
+                Ok(true) if popped > 0 => continue,
+                _ => break,
+            }
+        }
+        if used > 0 {
+            self.notify(TX_QUEUE);
+        }
+    }
+
+    /// Delivers frames from the back end while the guest has buffers.
+    pub(super) fn process_rx(&mut self) {
+        let mut attempts = 0usize;
+        let mut used_any = false;
+        let mut retried = false;
+        while attempts < BUDGET && !self.rx_stalled {
+            attempts += 1;
+            if self.pending == 0 {
+                if !self.backend_readable {
+                    break;
+                }
+                match self.backend.read_frame(&mut self.frame) {
+                    Ok(n) if n >= NET_HDR_LEN => self.pending = n,
+                    Ok(_) => {
+                        NetMetrics::add(&self.metrics.rx_dropped, 1);
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.backend_readable = false;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::warn!("net rx: {}: read failed: {e}", self.backend.name());
+                        self.backend_readable = false;
+                        break;
+                    }
+                }
+            }
+            match self.deliver(&mut used_any) {
+                Rx::Delivered => {
+                    NetMetrics::add(&self.metrics.rx_frames, 1);
+                    NetMetrics::add(&self.metrics.rx_bytes, (self.pending - NET_HDR_LEN) as u64);
+                    self.pending = 0;
+                }
+                Rx::Dropped => {
+                    NetMetrics::add(&self.metrics.rx_dropped, 1);
+                    self.pending = 0;
+                }
+                Rx::NoBuffers => {
+                    // Ask for a kick when buffers come; if some came while
+                    // we looked, try once more before sleeping.
+                    match self.rx.enable_notification(&self.mem) {
+                        Ok(true) if !retried => retried = true,
+                        _ => self.rx_stalled = true,
+                    }
+                }
+            }
+        }
+        if used_any {
+            self.notify(RX_QUEUE);
+        }
+    }
+
+    /// Puts the pending frame into the guest's rx buffers.
+    fn deliver(&mut self, used_any: &mut bool) -> Rx {
+        let len = self.pending;
+        let mem = &self.mem;
+        // Chains taken from the ring for this frame: (head, writer).
+        let mut chains = Vec::new();
+        let mut room = 0usize;
+        while room < len {
+            let Some(chain) = self.rx.pop_descriptor_chain(mem) else {
+                // Put them back: the frame waits for more buffers.
+                for _ in 0..chains.len() {
+                    self.rx.go_to_previous_position();
+                }
+                return Rx::NoBuffers;
+            };
+            let head = chain.head_index();
+            let writer = if chain.clone().readable().next().is_some() {
+                None
+            } else {
+                chain.writer(mem).ok()
+            };
+            let Some(writer) = writer else {
+                // A malformed chain: give it back empty, drop the frame if
+                // it was split across it.
+                tracing::debug!("net rx: malformed rx chain {head}");
+                let _ = self.rx.add_used(mem, head, 0);
+                *used_any = true;
+                if chains.is_empty() {
+                    continue;
+                }
+                for (h, _) in chains {
+                    let _ = self.rx.add_used(mem, h, 0);
+                }
+                return Rx::Dropped;
+            };
+            room += writer.available_bytes();
+            chains.push((head, writer));
+            if !self.mrg_rxbuf {
+                break;
+            }
+            if chains.len() >= usize::from(self.rx.size()) {
+                break;
+            }
+        }
+        if room < len {
+            // Too big for the buffers the guest gives: keep the buffers,
+            // drop the frame.
+            tracing::debug!("net rx: {len}-byte frame does not fit the guest's buffers");
+            for _ in 0..chains.len() {
+                self.rx.go_to_previous_position();
+            }
+            return Rx::Dropped;
+        }
+        let num_buffers = chains.len() as u16;
+        self.frame[NUM_BUFFERS_OFFSET..NUM_BUFFERS_OFFSET + 2]
+            .copy_from_slice(&num_buffers.to_le_bytes());
+        let mut off = 0usize;
+        for (head, mut writer) in chains {
+            let n = writer.available_bytes().min(len - off);
+            if writer.write_all(&self.frame[off..off + n]).is_err() {
+                tracing::warn!("net rx: writing chain {head} failed");
+            }
+            off += n;
+            if let Err(e) = self.rx.add_used(mem, head, n as u32) {
+                tracing::warn!("net rx: add_used: {e}");
+            }
+            *used_any = true;
+        }
+        Rx::Delivered
+    }
+
+    fn notify(&mut self, queue: u16) {
+        let q = if queue == RX_QUEUE {
+            &mut self.rx
+        } else {
+            &mut self.tx
+        };
+        match q.needs_notification(&self.mem) {
+            Ok(false) => {}
+            Ok(true) => self.interrupt.notify_queue(queue),
+            Err(e) => {
+                tracing::warn!("net: needs_notification: {e}");
+                self.interrupt.notify_queue(queue);
+            }
+        }
+    }
+}
+
+/// The running worker thread; stops and joins it when dropped.
+pub(super) struct NetWorker {
+    stop: EventFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl NetWorker {
+    pub(super) fn spawn(name: String, mut handler: NetHandler) -> io::Result<NetWorker> {
+        let epoll = Epoll::new()?;
+        let stop = EventFd::new(EFD_NONBLOCK)?;
+        let add = |fd, events, token| {
+            epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(events, token))
+        };
+        add(stop.as_raw_fd(), EventSet::IN, STOP)?;
+        add(handler.rx_kick.as_raw_fd(), EventSet::IN, RX_KICK)?;
+        add(handler.tx_kick.as_raw_fd(), EventSet::IN, TX_KICK)?;
+        add(
+            handler.backend.as_raw_fd(),
+            EventSet::IN | EventSet::EDGE_TRIGGERED,
+            BACKEND,
+        )?;
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            let mut events = vec![EpollEvent::default(); 8];
+            // Buffers may have been queued before we started.
+            handler.process_tx();
+            handler.process_rx();
+            loop {
+                let timeout = if handler.has_work() { 0 } else { -1 };
+                let ready = match epoll.wait(timeout, &mut events) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::error!("net worker: epoll failed: {e}");
+                        return;
+                    }
+                };
+                let mut tx = false;
+                for event in &events[..ready] {
+                    match event.data() {
+                        STOP => return,
+                        RX_KICK => {
+                            let _ = handler.rx_kick.read();
+                            handler.rx_stalled = false;
+                        }
+                        TX_KICK => {
+                            let _ = handler.tx_kick.read();
+                            tx = true;
+                        }
+                        BACKEND => handler.backend_readable = true,
+                        _ => {}
+                    }
+                }
+                if tx || handler.tx_more {
+                    handler.process_tx();
+                }
+                if handler.wants_rx() {
+                    handler.process_rx();
+                }
+            }
+        })?;
+        Ok(NetWorker {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for NetWorker {
+    fn drop(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! The virtio-vsock device: configuration (the guest CID), lifecycle, and
+//! the host listening socket.
+
+use std::io;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use virtio_queue::QueueT;
+use vmm_sys_util::epoll::Epoll;
+
+use super::handler::{VsockHandler, VsockWorker};
+use super::muxer::VsockMuxer;
+use super::{
+    VsockConfig, VsockMetrics, VsockMetricsSnapshot, EVENT_QUEUE, QUEUE_SIZE, RX_QUEUE, TX_QUEUE,
+};
+use crate::options::OptionsError;
+use crate::virtio::{ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt, COMMON_FEATURES};
+use crate::GuestMemoryMmap;
+
+/// Why a vsock device could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum VsockError {
+    #[error("--vsock: {0}")]
+    Options(#[from] OptionsError),
+    #[error("--vsock: {path}: {reason}")]
+    Socket { path: String, reason: String },
+}
+
+/// A virtio-vsock device (device id 19).
+pub struct Vsock {
+    id: String,
+    cid: u64,
+    uds_path: PathBuf,
+    listener: UnixListener,
+    metrics: Arc<VsockMetrics>,
+    worker: Option<VsockWorker>,
+}
+
+impl Vsock {
+    /// Parses `--vsock` options and binds the host socket. `default_id`
+    /// names the device when the options give no `id=`.
+    pub fn from_options(text: &str, default_id: &str) -> Result<Vsock, VsockError> {
+        Vsock::new(&VsockConfig::parse(text)?, default_id)
+    }
+
+    /// Binds `config.uds` (replacing a stale socket nobody listens on).
+    pub fn new(config: &VsockConfig, default_id: &str) -> Result<Vsock, VsockError> {
+        let listener = bind_listener(&config.uds).map_err(|reason| VsockError::Socket {
+            path: config.uds.display().to_string(),
+            reason,
+        })?;
+        Ok(Vsock {
+            id: config.id.clone().unwrap_or_else(|| default_id.to_string()),
+            cid: config.cid,
+            uds_path: config.uds.clone(),
+            listener,
+            metrics: Arc::new(VsockMetrics::default()),
+            worker: None,
+        })
+    }
+
+    /// The guest's CID.
+    pub fn cid(&self) -> u64 {
+        self.cid
+    }
+
+    /// The host socket host programs connect to.
+    pub fn uds_path(&self) -> &Path {
+        &self.uds_path
+    }
+
+    /// The device's counters (live).
+    pub fn metrics(&self) -> Arc<VsockMetrics> {
+        self.metrics.clone()
+    }
+
+    pub fn metrics_snapshot(&self) -> VsockMetricsSnapshot {
+        self.metrics.snapshot()
+    }
+}
+
+fn bind_listener(path: &Path) -> Result<UnixListener, String> {
+    match UnixListener::bind(path) {
+        Ok(l) => Ok(l),
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+            let is_socket = std::fs::symlink_metadata(path)
+                .map(|m| m.file_type().is_socket())
+                .unwrap_or(false);
+            if !is_socket {
+                return Err("exists and is not a socket".into());
+            }
+            match UnixStream::connect(path) {
+                Ok(_) => Err("in use (something listens there)".into()),
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    // A socket left behind by a process that is gone.
+                    std::fs::remove_file(path)
+                        .map_err(|e| format!("cannot remove stale socket: {e}"))?;
+                    UnixListener::bind(path).map_err(|e| e.to_string())
+                }
+                Err(e) => Err(format!("exists and cannot be checked: {e}")),
+            }
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl Drop for Vsock {
+    fn drop(&mut self) {
+        self.worker = None;
+        let _ = std::fs::remove_file(&self.uds_path);
+    }
+}
+
+impl VirtioDevice for Vsock {
+    fn device_type(&self) -> u32 {
+        virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK
+    }
+
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE, QUEUE_SIZE, QUEUE_SIZE]
+    }
+
+    fn device_features(&self) -> u64 {
+        COMMON_FEATURES
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // struct virtio_vsock_config { le64 guest_cid; }; zeros beyond.
+        let config = self.cid.to_le_bytes();
+        data.fill(0);
+        let Ok(start) = usize::try_from(offset) else {
+            return;
+        };
+        if start < config.len() {
+            let n = data.len().min(config.len() - start);
+            data[..n].copy_from_slice(&config[start..start + n]);
+        }
+    }
+
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        tracing::debug!(
+            "{}: ignored config write of {} bytes at {offset}",
+            self.id,
+            data.len()
+        );
+    }
+
+    fn activate(
+        &mut self,
+        memory: GuestMemoryMmap,
+        interrupt: Arc<dyn VirtioInterrupt>,
+        queues: Vec<QueueEvents>,
+        acked_features: u64,
+    ) -> Result<(), ActivateError> {
+        self.reset();
+        if queues.len() != 3 {
+            return Err(ActivateError::QueueCount {
+                got: queues.len(),
+                needed: 3,
+            });
+        }
+        let mut slots: [Option<QueueEvents>; 3] = [None, None, None];
+        let event_idx =
+            acked_features & (1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX) != 0;
+        for mut q in queues {
+            if !q.queue.is_valid(&memory) {
+                return Err(ActivateError::InvalidQueue(q.index));
+            }
+            q.queue.set_event_idx(event_idx);
+            let index = q.index;
+            match slots.get_mut(usize::from(index)) {
+                Some(slot @ None) => *slot = Some(q),
+                _ => return Err(ActivateError::InvalidQueue(index)),
+            }
+        }
+        let [Some(rx), Some(tx), Some(ev)] = slots else {
+            return Err(ActivateError::QueueCount { got: 2, needed: 3 });
+        };
+        debug_assert_eq!(
+            (rx.index, tx.index, ev.index),
+            (RX_QUEUE, TX_QUEUE, EVENT_QUEUE)
+        );
+        let worker = (|| {
+            let listener = self.listener.try_clone()?;
+            let muxer = VsockMuxer::new(
+                self.cid,
+                self.uds_path.clone(),
+                listener,
+                Epoll::new()?,
+                self.metrics.clone(),
+            )?;
+            let handler = VsockHandler::new(memory, interrupt, rx, tx, ev, muxer);
+            VsockWorker::spawn(format!("{}-worker", self.id), handler)
+        })()
+        .map_err(|e| ActivateError::Worker(e.to_string()))?;
+        self.worker = Some(worker);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        // Stops the worker; dropping the muxer closes every connection.
+        // Host programs still in the listen backlog wait for the next
+        // activation.
+        self.worker = None;
+    }
+}
