@@ -75,6 +75,12 @@ struct CtlArgs {
 
 #[derive(Subcommand, Clone, Copy)]
 enum CtlCommandArg {
+    /// Show the balloon (target, actual, guest statistics), or set its target.
+    Balloon {
+        /// Memory the balloon should hold, e.g. 256M or 1G.
+        #[arg(long, value_name = "SIZE")]
+        target: Option<SizeArg>,
+    },
     /// Check that the VMM answers.
     Ping,
     /// Print the VM's state, vCPUs, memory and devices as JSON.
@@ -85,6 +91,23 @@ enum CtlCommandArg {
     Resume,
     /// End the VM and its VMM.
     Shutdown,
+}
+
+/// A memory size on the command line (parsed like --memory).
+#[derive(Clone, Copy)]
+struct SizeArg(u64);
+
+impl std::str::FromStr for SizeArg {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text.trim() == "0" {
+            return Ok(SizeArg(0));
+        }
+        parse_memory_size(text)
+            .map(SizeArg)
+            .map_err(|e| e.to_string())
+    }
 }
 
 fn parse_on_off(text: &str) -> Result<bool, String> {
@@ -203,6 +226,10 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
         CtlCommandArg::Pause => api::CtlCommand::Pause,
         CtlCommandArg::Resume => api::CtlCommand::Resume,
         CtlCommandArg::Shutdown => api::CtlCommand::Shutdown,
+        CtlCommandArg::Balloon { target: None } => api::CtlCommand::Balloon,
+        CtlCommandArg::Balloon {
+            target: Some(SizeArg(bytes)),
+        } => api::CtlCommand::BalloonSet(bytes >> 20),
     };
     let output = api::run_ctl(&args.api_socket, &command).map_err(|e| e.to_string())?;
     if !output.is_empty() {

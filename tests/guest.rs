@@ -144,22 +144,14 @@ fn elf_vmlinux_boots_through_pvh() {
 }
 
 fn ctl(socket: &str, command: &str) -> (bool, String) {
-    let out = Command::new(hakoniwa())
-        .args(["ctl", "--api-socket", socket, command])
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    common::ctl(socket, &[command])
 }
 
 #[test]
 #[ignore = "boots a real guest: run through the rig (scripts/test)"]
 fn api_describes_pauses_resumes_and_shuts_down_the_vm() {
     require_hardware_kvm();
-    let socket =
-        std::env::temp_dir().join(format!("hakoniwa-api-test-{}.sock", std::process::id()));
-    let socket = socket.to_str().unwrap().to_string();
+    let socket = common::temp_socket("api-test");
     let mut vmm = Vmm::spawn(&[
         "run",
         "--cpus",

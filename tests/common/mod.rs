@@ -42,6 +42,8 @@ pub fn require_hardware_kvm() {
     );
 }
 
+static SHELL_COMMANDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// A running `hakoniwa` with its console captured.
 pub struct Vmm {
     child: Child,
@@ -141,6 +143,36 @@ impl Vmm {
         }
     }
 
+    /// Runs `command` in the guest's interactive shell and returns what it
+    /// printed. The start and end markers are computed by the shell, so the
+    /// echo of the typed line (however the terminal wraps it) never matches.
+    pub fn shell(&mut self, command: &str) -> String {
+        let n = SHELL_COMMANDS.fetch_add(2, std::sync::atomic::Ordering::SeqCst) + 1000;
+        let (begin, end) = (
+            format!("__begin_{}__\n", n + 1),
+            format!("__end_{}__", n + 2),
+        );
+        let skip = self.stdout().len();
+        self.send(&format!(
+            "echo __begin_$(({n}+1))__; {command}; echo __end_$(({n}+2))__\n"
+        ));
+        let deadline = Instant::now() + GUEST_TIMEOUT;
+        loop {
+            let out = self.stdout().replace('\r', "");
+            let tail = out.get(skip..).unwrap_or("");
+            if let Some(from) = tail.find(&begin).map(|i| i + begin.len()) {
+                if let Some(len) = tail[from..].find(&end) {
+                    return tail[from..from + len].to_string();
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{command:?} did not finish:\n{out}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn signal(&self, signal: i32) {
         // SAFETY: plain kill(2) on our own child's pid.
         assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0);
@@ -152,6 +184,24 @@ impl Drop for Vmm {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `hakoniwa ctl --api-socket SOCKET ARGS...`: (success, stdout + stderr).
+pub fn ctl(socket: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(hakoniwa())
+        .args(["ctl", "--api-socket", socket])
+        .args(args)
+        .output()
+        .expect("cannot run hakoniwa ctl");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// A socket path in the test's temporary directory (a tmpfs in the rig).
+pub fn temp_socket(name: &str) -> String {
+    let path = std::env::temp_dir().join(format!("hakoniwa-{name}-{}.sock", std::process::id()));
+    path.to_str().unwrap().to_string()
 }
 
 /// Runs `hakoniwa <args>` to completion: (exit code, stdout, stderr).

@@ -95,6 +95,31 @@ pub enum ApiAction {
     /// Stop the VM and exit the VMM; answered with [`ApiResponse::Empty`]
     /// before the VMM actually exits.
     Shutdown,
+    /// The balloon's target, actual size and guest statistics; answered
+    /// with [`ApiResponse::Balloon`].
+    BalloonInfo,
+    /// Set the balloon's target size; answered with [`ApiResponse::Empty`].
+    BalloonSet(BalloonTarget),
+}
+
+/// Body of `PUT /api/v1/vm.balloon`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonTarget {
+    /// How much guest memory the balloon should hold, in MiB.
+    pub target_mib: u64,
+}
+
+/// Answer to `GET /api/v1/vm.balloon`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalloonInfo {
+    /// What the host asked the balloon to hold, MiB.
+    pub target_mib: u64,
+    /// What the guest says it holds, MiB.
+    pub actual_mib: u64,
+    /// The guest's latest memory statistics (virtio-balloon stats queue),
+    /// by name, in bytes or counts; empty until the guest sent some.
+    pub stats: std::collections::BTreeMap<String, u64>,
 }
 
 /// Successful result of an [`ApiAction`].
@@ -111,6 +136,8 @@ pub enum ApiResponse {
     Pong(VmmVersion),
     /// Answer to [`ApiAction::VmInfo`].
     VmInfo(VmInfo),
+    /// Answer to [`ApiAction::BalloonInfo`].
+    Balloon(BalloonInfo),
 }
 
 /// Refusal or failure of an [`ApiAction`], carrying the HTTP status to send.

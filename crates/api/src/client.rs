@@ -11,7 +11,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::action::{ApiAction, ErrorBody};
+use crate::action::{ApiAction, BalloonTarget, ErrorBody};
 use crate::http::{self, is_timeout, parse_response_head, read_more, write_all_by};
 use crate::Error;
 
@@ -192,16 +192,21 @@ pub enum CtlCommand {
     Resume,
     /// Ask the VMM to shut the VM down and exit.
     Shutdown,
+    /// Print the balloon's target, actual size and guest statistics.
+    Balloon,
+    /// Set the balloon's target size, in MiB.
+    BalloonSet(u64),
 }
 
 impl CtlCommand {
-    /// Every command, for help texts and argument parsers.
-    pub const ALL: [CtlCommand; 5] = [
+    /// Every command that takes no argument, for help texts and parsers.
+    pub const ALL: [CtlCommand; 6] = [
         CtlCommand::Ping,
         CtlCommand::Info,
         CtlCommand::Pause,
         CtlCommand::Resume,
         CtlCommand::Shutdown,
+        CtlCommand::Balloon,
     ];
 
     /// The command's name on the command line.
@@ -212,6 +217,7 @@ impl CtlCommand {
             CtlCommand::Pause => "pause",
             CtlCommand::Resume => "resume",
             CtlCommand::Shutdown => "shutdown",
+            CtlCommand::Balloon | CtlCommand::BalloonSet(_) => "balloon",
         }
     }
 
@@ -223,6 +229,10 @@ impl CtlCommand {
             CtlCommand::Pause => ApiAction::Pause,
             CtlCommand::Resume => ApiAction::Resume,
             CtlCommand::Shutdown => ApiAction::Shutdown,
+            CtlCommand::Balloon => ApiAction::BalloonInfo,
+            CtlCommand::BalloonSet(target_mib) => {
+                ApiAction::BalloonSet(BalloonTarget { target_mib })
+            }
         }
     }
 
@@ -234,6 +244,8 @@ impl CtlCommand {
             CtlCommand::Pause => "VM paused",
             CtlCommand::Resume => "VM resumed",
             CtlCommand::Shutdown => "VM shutdown requested",
+            CtlCommand::Balloon => "no balloon information returned",
+            CtlCommand::BalloonSet(_) => "balloon target set",
         }
     }
 }
@@ -314,7 +326,10 @@ mod tests {
             assert_eq!(c.name().parse::<CtlCommand>().unwrap(), c);
         }
         let err = "frobnicate".parse::<CtlCommand>().unwrap_err();
-        assert!(err.contains("ping, info, pause, resume, shutdown"), "{err}");
+        assert!(
+            err.contains("ping, info, pause, resume, shutdown, balloon"),
+            "{err}"
+        );
     }
 
     #[test]

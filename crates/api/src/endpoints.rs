@@ -163,6 +163,8 @@ routes! {
     Put "/api/v1/vm.pause"    => Pause;
     Put "/api/v1/vm.resume"   => Resume;
     Put "/api/v1/vm.shutdown" => Shutdown;
+    Get "/api/v1/vm.balloon"  => BalloonInfo;
+    Put "/api/v1/vm.balloon"  => BalloonSet(target);
 }
 
 /// Result of looking a request up in [`ROUTES`].
@@ -219,6 +221,8 @@ mod tests {
             ApiAction::Pause,
             ApiAction::Resume,
             ApiAction::Shutdown,
+            ApiAction::BalloonInfo,
+            ApiAction::BalloonSet(crate::action::BalloonTarget { target_mib: 128 }),
         ];
         assert_eq!(actions.len(), ROUTES.len());
         for action in actions {

@@ -85,6 +85,15 @@ impl VmController for FakeVmm {
                 *state = VmState::ShuttingDown;
                 Ok(ApiResponse::Empty)
             }
+            ApiAction::BalloonInfo => Ok(ApiResponse::Balloon(api::BalloonInfo {
+                target_mib: 64,
+                actual_mib: 60,
+                stats: [("free_memory".to_string(), 1 << 20)].into_iter().collect(),
+            })),
+            ApiAction::BalloonSet(target) if target.target_mib > 1024 => {
+                Err(ApiError::conflict("the target exceeds guest memory"))
+            }
+            ApiAction::BalloonSet(_) => Ok(ApiResponse::Empty),
         }
     }
 }
@@ -795,4 +804,29 @@ fn server_can_be_dropped_from_inside_the_controller() {
         client::run_ctl(&path, &CtlCommand::Ping),
         Err(Error::Connect { .. })
     ));
+}
+
+#[test]
+fn balloon_endpoints_carry_their_json() {
+    let h = start();
+    let out = client::run_ctl(&h.path, &CtlCommand::Balloon).unwrap();
+    let info: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(info["actual_mib"], 60);
+    assert_eq!(info["stats"]["free_memory"], 1 << 20);
+    assert_eq!(
+        client::run_ctl(&h.path, &CtlCommand::BalloonSet(256)).unwrap(),
+        "balloon target set"
+    );
+    assert_eq!(
+        h.vmm.actions.lock().unwrap().last(),
+        Some(&ApiAction::BalloonSet(api::BalloonTarget {
+            target_mib: 256
+        }))
+    );
+    let err = client::run_ctl(&h.path, &CtlCommand::BalloonSet(4096)).unwrap_err();
+    assert!(err.to_string().contains("409"), "{err}");
+    // A body that is not a target is refused with 400.
+    let (status, body) =
+        client::request(&h.path, "PUT", "/api/v1/vm.balloon", Some(r#"{"size": 3}"#)).unwrap();
+    assert_eq!(status, 400, "{body}");
 }

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api::{
-    ApiAction, ApiError, ApiResponse, ApiServer, DeviceInfo, VmController, VmInfo, VmState,
-    VmmVersion,
+    ApiAction, ApiError, ApiResponse, ApiServer, BalloonInfo, DeviceInfo, VmController, VmInfo,
+    VmState, VmmVersion,
 };
+use devices::virtio::balloon::BalloonControl;
 
 use crate::boot::BootProtocol;
 use crate::event::{EventSender, VmmEvent};
@@ -61,6 +62,7 @@ pub struct VmControl {
     vcpu_threads: Vec<libc::pthread_t>,
     events: EventSender,
     shutting_down: AtomicBool,
+    balloon: Option<Arc<BalloonControl>>,
 }
 
 // SAFETY: pthread_t is an opaque thread id (an integer on Linux); it is
@@ -75,6 +77,7 @@ impl VmControl {
         control: Arc<RunControl>,
         vcpu_threads: Vec<libc::pthread_t>,
         events: EventSender,
+        balloon: Option<Arc<BalloonControl>>,
     ) -> Self {
         VmControl {
             description,
@@ -82,7 +85,29 @@ impl VmControl {
             vcpu_threads,
             events,
             shutting_down: AtomicBool::new(false),
+            balloon,
         }
+    }
+
+    fn balloon(&self) -> Result<&BalloonControl, ApiError> {
+        self.balloon
+            .as_deref()
+            .ok_or_else(|| ApiError::conflict("the VM has no balloon (start it with --balloon)"))
+    }
+
+    fn balloon_info(&self) -> Result<ApiResponse, ApiError> {
+        let balloon = self.balloon()?;
+        // Ask for fresh statistics, but answer with what is known now:
+        // the guest refreshes them on its own schedule.
+        let stats = balloon
+            .stats()
+            .map(|s| s.entries().into_iter().collect())
+            .unwrap_or_default();
+        Ok(ApiResponse::Balloon(BalloonInfo {
+            target_mib: balloon.target_mib(),
+            actual_mib: balloon.actual_mib(),
+            stats,
+        }))
     }
 
     fn state(&self) -> VmState {
@@ -163,6 +188,12 @@ impl VmController for VmControl {
                 self.events.send(VmmEvent::ApiShutdown);
                 Ok(ApiResponse::Empty)
             }
+            ApiAction::BalloonInfo => self.balloon_info(),
+            ApiAction::BalloonSet(target) => self
+                .balloon()?
+                .set_target_mib(target.target_mib)
+                .map(|()| ApiResponse::Empty)
+                .map_err(|e| ApiError::conflict(e.to_string())),
         }
     }
 }

@@ -46,7 +46,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         config.initramfs.as_deref(),
         config.memory_bytes,
     )?;
-    let virtio_devices = create_virtio_devices(&config.virtio)?;
+    let mut virtio_devices = create_virtio_devices(&config.virtio)?;
 
     let (events, ending) = channel();
     let control = Arc::new(RunControl::default());
@@ -57,7 +57,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
 
     let notifier = exit_notifier(control.clone(), events.clone());
     let mut platform = Platform::new(&vm_fd, notifier)?;
-    for device in virtio_devices.devices {
+    for device in std::mem::take(&mut virtio_devices.devices) {
         platform.attach_virtio(&vm_fd, &memory, device)?;
     }
     let rsdp = write_acpi_tables(&memory, &platform.acpi(config.vcpus))?;
@@ -151,6 +151,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         control.clone(),
         vcpu_pthreads,
         events.clone(),
+        virtio_devices.balloon.clone(),
     ));
     let _api_server = match &config.api_socket {
         Some(path) => Some(crate::controller::start_api_server(
