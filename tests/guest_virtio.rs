@@ -133,3 +133,119 @@ fn balloon_takes_memory_from_the_guest_and_gives_it_back() {
     vmm.send("poweroff\n");
     assert_eq!(vmm.wait_exit(Duration::from_secs(60)).code(), Some(0));
 }
+
+/// A fresh sparse raw image of `mib` MiB in the temporary directory.
+fn temp_image(name: &str, mib: u64) -> String {
+    let path = std::env::temp_dir().join(format!("hakoniwa-{name}-{}.img", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(mib << 20).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+fn exec(args: &[&str], command: &str) -> (i32, String, String) {
+    require_hardware_kvm();
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--exec", command]);
+    common::run_to_end(&all, common::GUEST_TIMEOUT)
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn file_system_on_a_disk_survives_a_reboot() {
+    let image = temp_image("fs", 64);
+    let disk = format!("path={image}");
+    let (status, out, err) = exec(
+        &["--disk", &disk],
+        "mke2fs /dev/vda >/dev/null && mount /dev/vda /mnt && echo persistent-$((6*7)) > /mnt/file && umount /mnt",
+    );
+    assert_eq!(status, 0, "{out}{err}");
+    // A second VM on the same image: the file is there.
+    let (status, out, err) = exec(&["--disk", &disk], "mount /dev/vda /mnt && cat /mnt/file");
+    assert_eq!(status, 0, "{err}");
+    assert_eq!(out, "persistent-42\n");
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn readonly_disk_refuses_writes() {
+    let image = temp_image("ro", 8);
+    std::fs::write(&image, vec![0x5a; 8 << 20]).unwrap();
+    let disk = format!("path={image},readonly=on");
+    let (status, out, err) = exec(
+        &["--disk", &disk],
+        "cat /sys/block/vda/ro; dd if=/dev/zero of=/dev/vda bs=4096 count=1 oflag=direct 2>/dev/null && echo wrote || echo refused; \
+         dd if=/dev/vda bs=4096 count=1 2>/dev/null | od -An -tx1 | head -1",
+    );
+    assert_eq!(status, 0, "{err}");
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("1"), "{out}");
+    assert_eq!(lines.next(), Some("refused"), "{out}");
+    assert!(lines.next().unwrap_or("").trim().starts_with("5a 5a"), "{out}");
+    assert!(std::fs::read(&image).unwrap().iter().all(|b| *b == 0x5a), "the image changed");
+}
+
+/// The open flags of every descriptor the process has on `path`.
+fn open_flags(pid: i32, path: &str) -> Vec<u32> {
+    let mut flags = Vec::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        if std::fs::read_link(fd.path()).ok().and_then(|t| t.to_str().map(String::from)).as_deref() == Some(path) {
+            let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_str().unwrap())).unwrap();
+            let octal = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap().trim();
+            flags.push(u32::from_str_radix(octal, 8).unwrap());
+        }
+    }
+    flags
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn cache_modes_use_o_direct_only_for_none_and_kill_9_loses_nothing_synced() {
+    require_hardware_kvm();
+    let (direct, buffered) = (temp_image("none", 16), temp_image("writeback", 16));
+    let mut vmm = Vmm::spawn(&[
+        "run",
+        "--disk",
+        &format!("path={direct},cache=none"),
+        "--disk",
+        &format!("path={buffered},cache=writeback"),
+    ]);
+    vmm.wait_for(PROMPT);
+    let o_direct = libc::O_DIRECT as u32;
+    let none_flags = open_flags(vmm.pid(), &direct);
+    assert!(none_flags.iter().any(|f| f & o_direct != 0), "cache=none must open with O_DIRECT: {none_flags:?}");
+    let writeback_flags = open_flags(vmm.pid(), &buffered);
+    assert!(!writeback_flags.is_empty() && writeback_flags.iter().all(|f| f & o_direct == 0), "{writeback_flags:?}");
+
+    // Write random data through both disks (an unaligned tail included),
+    // sync, and remember what the guest wrote.
+    let sums = vmm.shell(
+        "dd if=/dev/urandom of=/tmp/data bs=4096 count=513 2>/dev/null; head -c 7 /dev/urandom >> /tmp/data; \
+         for d in vda vdb; do dd if=/tmp/data of=/dev/$d bs=65536 conv=fsync 2>/dev/null; done; \
+         md5sum /tmp/data | cut -d' ' -f1",
+    );
+    let guest_sum = sums.trim().to_string();
+    assert_eq!(guest_sum.len(), 32, "{sums}");
+    // Kill the VMM the hard way: nothing acknowledged as synced may be lost.
+    vmm.signal(libc::SIGKILL);
+    vmm.wait_exit(Duration::from_secs(20));
+    let length = 513 * 4096 + 7;
+    for image in [&direct, &buffered] {
+        let data = std::fs::read(image).unwrap();
+        let host_sum = md5_hex(&data[..length]);
+        assert_eq!(host_sum, guest_sum, "{image} lost data");
+    }
+}
+
+/// md5 of `data` as hex, from the host's md5sum.
+fn md5_hex(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("md5sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_string()
+}

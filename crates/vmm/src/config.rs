@@ -35,6 +35,8 @@ pub struct VmConfig {
 /// string that the device's own parser checks.
 #[derive(Clone, Debug, Default)]
 pub struct VirtioConfig {
+    /// `--disk path=FILE[,readonly=on][,cache=writeback|none|unsafe][,id=NAME]`, repeatable.
+    pub disks: Vec<String>,
     /// `--rng [id=..]`.
     pub rng: Option<String>,
     /// `--balloon [size=MIB][,deflate_on_oom=on][,stats=on|off]`.

@@ -19,6 +19,7 @@ use devices::pci::{
     PCI_MMIO_END, PCI_MMIO_START,
 };
 use devices::virtio::balloon::{Balloon, BalloonControl};
+use devices::virtio::block::{Block, BlockConfig};
 use devices::virtio::input::{Input, InputControl};
 use devices::virtio::pci::{VirtioPciDevice, BAR_SIZE};
 use devices::virtio::rng::Rng;
@@ -228,6 +229,15 @@ pub fn create_virtio_devices(config: &VirtioConfig) -> Result<VirtioDevices, Err
     let option_error =
         |flag: &str, e: &dyn std::fmt::Display| Error::Device(flag.to_string(), e.to_string());
     let mut out = VirtioDevices::default();
+    for (index, options) in config.disks.iter().enumerate() {
+        let disk_config: BlockConfig = options.parse().map_err(|e| option_error("--disk", &e))?;
+        let named = disk_config.id.is_some();
+        let mut disk = Block::new(disk_config).map_err(|e| option_error("--disk", &e))?;
+        if !named {
+            disk.set_name(format!("disk{index}"));
+        }
+        out.devices.push(Box::new(disk));
+    }
     if let Some(options) = &config.rng {
         let rng = Rng::from_options(options).map_err(|e| option_error("--rng", &e))?;
         out.devices.push(Box::new(rng));

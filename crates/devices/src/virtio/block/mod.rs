@@ -13,8 +13,18 @@
 //! - [`metrics`]: request counters.
 //!
 //! The VMM builds a disk from `--disk` text with
-//! `Block::new(text.parse::<BlockConfig>()?)?` and hands it to the virtio
-//! transport like any other [`VirtioDevice`](super::VirtioDevice).
+//! `Block::new(text.parse::<BlockConfig>()?)?` (naming it with
+//! [`Block::set_name`], e.g. "disk1", when there are several) and hands it
+//! to the virtio transport like any other
+//! [`VirtioDevice`](super::VirtioDevice).
+//!
+//! `cache=none` opens the image with O_DIRECT. Guest buffers are never
+//! handed to the kernel directly: data goes through aligned bounce buffers,
+//! so guest addresses need no alignment. A request whose disk offset or
+//! length is not aligned to the host's logical block size (probed at open:
+//! 512 or 4096) goes through a second, buffered descriptor of the same
+//! image, serialised against the O_DIRECT accesses; a flush (fdatasync)
+//! covers both.
 
 pub mod device;
 pub mod io;

@@ -36,12 +36,13 @@ const OFFLOAD_FEATURES: u64 = bit(VIRTIO_NET_F_CSUM)
 /// max_virtqueue_pairs u16, mtu u16.
 const CONFIG_LEN: usize = 12;
 
-/// Why a net device could not be made.
+/// Why a net device could not be made (one line; the caller names the
+/// flag).
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
-    #[error("--net: {0}")]
+    #[error("{0}")]
     Options(#[from] OptionsError),
-    #[error("--net: {0}")]
+    #[error("{0}")]
     Tap(#[from] TapError),
 }
 

@@ -19,12 +19,13 @@ use crate::options::OptionsError;
 use crate::virtio::{ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt, COMMON_FEATURES};
 use crate::GuestMemoryMmap;
 
-/// Why a vsock device could not be made.
+/// Why a vsock device could not be made (one line; the caller names the
+/// flag).
 #[derive(Debug, thiserror::Error)]
 pub enum VsockError {
-    #[error("--vsock: {0}")]
+    #[error("{0}")]
     Options(#[from] OptionsError),
-    #[error("--vsock: {path}: {reason}")]
+    #[error("{path}: {reason}")]
     Socket { path: String, reason: String },
 }
 
