@@ -50,6 +50,18 @@ struct RunArgs {
     /// Serve the control API on this Unix socket.
     #[arg(long, value_name = "PATH")]
     api_socket: Option<PathBuf>,
+    /// Add a virtio-blk disk backed by a raw image. Repeatable.
+    /// path=FILE[,readonly=on][,cache=writeback|none|unsafe][,id=NAME]
+    #[arg(long, value_name = "OPTIONS")]
+    disk: Vec<String>,
+    /// Add a virtio-net interface on a TAP device. Repeatable.
+    /// tap=NAME[,mac=52:54:00:..][,mtu=N][,id=NAME]
+    #[arg(long, value_name = "OPTIONS")]
+    net: Vec<String>,
+    /// Add a virtio-vsock device; the host reaches the guest through a Unix
+    /// socket (Firecracker's hybrid model). cid=N,uds=PATH[,id=NAME]
+    #[arg(long, value_name = "OPTIONS")]
+    vsock: Option<String>,
     /// Add a virtio entropy device (/dev/hwrng in the guest): [id=NAME].
     #[arg(long, value_name = "OPTIONS", num_args = 0..=1, default_missing_value = "")]
     rng: Option<String>,
@@ -195,6 +207,9 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
         api_socket: args.api_socket,
         async_pf: args.async_pf,
         virtio: VirtioConfig {
+            disks: args.disk,
+            nets: args.net,
+            vsock: args.vsock,
             rng: args.rng,
             balloon: args.balloon,
             inputs: args.input,

@@ -249,3 +249,104 @@ fn md5_hex(data: &[u8]) -> String {
     let out = child.wait_with_output().unwrap();
     String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_string()
 }
+
+/// A TAP on the host side with `host_ip`/24, removed when dropped.
+struct HostTap {
+    name: String,
+}
+
+impl HostTap {
+    fn new(name: &str, host_ip: &str) -> HostTap {
+        let ip = |args: &[&str]| {
+            let status = std::process::Command::new("ip").args(args).status().expect("cannot run ip");
+            assert!(status.success(), "ip {args:?} failed");
+        };
+        ip(&["tuntap", "add", "dev", name, "mode", "tap"]);
+        ip(&["addr", "add", &format!("{host_ip}/24"), "dev", name]);
+        ip(&["link", "set", name, "up"]);
+        HostTap { name: name.to_string() }
+    }
+}
+
+impl Drop for HostTap {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["link", "del", &self.name]).status();
+    }
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn network_reaches_the_host_over_a_tap() {
+    require_hardware_kvm();
+    let tap = HostTap::new("hktest0", "10.77.0.1");
+    // The host serves 4 MiB of known bytes on 10.77.0.1.
+    let listener = std::net::TcpListener::bind("10.77.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let payload: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let expected = md5_hex(&payload);
+    let server = std::thread::spawn(move || {
+        use std::io::Write;
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.write_all(&payload).unwrap();
+    });
+    let net = format!("tap={},mac=52:54:00:aa:bb:01", tap.name);
+    let (status, out, err) = exec(
+        &["--net", &net],
+        &format!(
+            "cat /sys/class/net/eth0/address; ip link set eth0 up; ip addr add 10.77.0.2/24 dev eth0; \
+             ping -c 2 -W 10 10.77.0.1 >/dev/null && echo ping-ok; \
+             nc 10.77.0.1 {port} </dev/null | md5sum | cut -d' ' -f1"
+        ),
+    );
+    server.join().unwrap();
+    assert_eq!(status, 0, "{err}");
+    assert_eq!(out, format!("52:54:00:aa:bb:01\nping-ok\n{expected}\n"));
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn vsock_round_trips_both_ways() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    require_hardware_kvm();
+    let uds = temp_socket("vsock");
+    // Guest to host: the guest connects to host port 5000, which is the
+    // Unix socket "<uds>_5000".
+    let listener = UnixListener::bind(format!("{uds}_5000")).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut got = String::new();
+        conn.read_to_string(&mut got).unwrap();
+        conn.write_all(format!("pong:{got}").as_bytes()).unwrap();
+    });
+    let mut vmm = Vmm::spawn(&["run", "--vsock", &format!("cid=3,uds={uds}")]);
+    vmm.wait_for(PROMPT);
+    let out = vmm.shell("echo ping-$((1+1)) | hk-vsock connect 2 5000");
+    server.join().unwrap();
+    assert_eq!(out.trim(), "pong:ping-2");
+
+    // Host to guest: "CONNECT <port>\n" on the Unix socket, "OK <port>\n" back.
+    vmm.send("echo hello-from-guest | hk-vsock listen 1234\n");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut reader, mut stream) = loop {
+        let mut stream = UnixStream::connect(&uds).unwrap();
+        stream.write_all(b"CONNECT 1234\n").unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut line = String::new();
+        // Until the guest listens, it resets the connection: try again.
+        if reader.read_line(&mut line).is_ok() && line.starts_with("OK ") {
+            break (reader, stream);
+        }
+        assert!(Instant::now() < deadline, "the guest never accepted: {line:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    stream.write_all(b"hello-from-host\n").unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut reply = String::new();
+    reader.read_to_string(&mut reply).unwrap();
+    assert_eq!(reply, "hello-from-guest\n");
+    vmm.wait_for("hello-from-host");
+    vmm.send("poweroff\n");
+    assert_eq!(vmm.wait_exit(Duration::from_secs(60)).code(), Some(0));
+    assert!(!std::path::Path::new(&uds).exists(), "the vsock socket must be removed");
+}

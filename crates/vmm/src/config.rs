@@ -37,6 +37,10 @@ pub struct VmConfig {
 pub struct VirtioConfig {
     /// `--disk path=FILE[,readonly=on][,cache=writeback|none|unsafe][,id=NAME]`, repeatable.
     pub disks: Vec<String>,
+    /// `--net tap=NAME[,mac=..][,mtu=..][,id=..]`, repeatable.
+    pub nets: Vec<String>,
+    /// `--vsock cid=N,uds=PATH[,id=..]`.
+    pub vsock: Option<String>,
     /// `--rng [id=..]`.
     pub rng: Option<String>,
     /// `--balloon [size=MIB][,deflate_on_oom=on][,stats=on|off]`.

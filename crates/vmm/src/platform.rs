@@ -22,7 +22,9 @@ use devices::virtio::balloon::{Balloon, BalloonControl};
 use devices::virtio::block::{Block, BlockConfig};
 use devices::virtio::input::{Input, InputControl};
 use devices::virtio::pci::{VirtioPciDevice, BAR_SIZE};
+use devices::virtio::net::Net;
 use devices::virtio::rng::Rng;
+use devices::virtio::vsock::Vsock;
 use devices::virtio::VirtioDevice;
 use devices::{Bus, ExitNotifier, SharedDevice};
 use kvm_ioctls::VmFd;
@@ -237,6 +239,14 @@ pub fn create_virtio_devices(config: &VirtioConfig) -> Result<VirtioDevices, Err
             disk.set_name(format!("disk{index}"));
         }
         out.devices.push(Box::new(disk));
+    }
+    for (index, options) in config.nets.iter().enumerate() {
+        let net = Net::from_options(options, &format!("net{index}")).map_err(|e| option_error("--net", &e))?;
+        out.devices.push(Box::new(net));
+    }
+    if let Some(options) = &config.vsock {
+        let vsock = Vsock::from_options(options, "vsock0").map_err(|e| option_error("--vsock", &e))?;
+        out.devices.push(Box::new(vsock));
     }
     if let Some(options) = &config.rng {
         let rng = Rng::from_options(options).map_err(|e| option_error("--rng", &e))?;
