@@ -181,17 +181,39 @@ fn readonly_disk_refuses_writes() {
     let mut lines = out.lines();
     assert_eq!(lines.next(), Some("1"), "{out}");
     assert_eq!(lines.next(), Some("refused"), "{out}");
-    assert!(lines.next().unwrap_or("").trim().starts_with("5a 5a"), "{out}");
-    assert!(std::fs::read(&image).unwrap().iter().all(|b| *b == 0x5a), "the image changed");
+    assert!(
+        lines.next().unwrap_or("").trim().starts_with("5a 5a"),
+        "{out}"
+    );
+    assert!(
+        std::fs::read(&image).unwrap().iter().all(|b| *b == 0x5a),
+        "the image changed"
+    );
 }
 
 /// The open flags of every descriptor the process has on `path`.
 fn open_flags(pid: i32, path: &str) -> Vec<u32> {
     let mut flags = Vec::new();
-    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
-        if std::fs::read_link(fd.path()).ok().and_then(|t| t.to_str().map(String::from)).as_deref() == Some(path) {
-            let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_str().unwrap())).unwrap();
-            let octal = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap().trim();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        if std::fs::read_link(fd.path())
+            .ok()
+            .and_then(|t| t.to_str().map(String::from))
+            .as_deref()
+            == Some(path)
+        {
+            let info = std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                fd.file_name().to_str().unwrap()
+            ))
+            .unwrap();
+            let octal = info
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .unwrap()
+                .trim();
             flags.push(u32::from_str_radix(octal, 8).unwrap());
         }
     }
@@ -213,9 +235,15 @@ fn cache_modes_use_o_direct_only_for_none_and_kill_9_loses_nothing_synced() {
     vmm.wait_for(PROMPT);
     let o_direct = libc::O_DIRECT as u32;
     let none_flags = open_flags(vmm.pid(), &direct);
-    assert!(none_flags.iter().any(|f| f & o_direct != 0), "cache=none must open with O_DIRECT: {none_flags:?}");
+    assert!(
+        none_flags.iter().any(|f| f & o_direct != 0),
+        "cache=none must open with O_DIRECT: {none_flags:?}"
+    );
     let writeback_flags = open_flags(vmm.pid(), &buffered);
-    assert!(!writeback_flags.is_empty() && writeback_flags.iter().all(|f| f & o_direct == 0), "{writeback_flags:?}");
+    assert!(
+        !writeback_flags.is_empty() && writeback_flags.iter().all(|f| f & o_direct == 0),
+        "{writeback_flags:?}"
+    );
 
     // Write random data through both disks (an unaligned tail included),
     // sync, and remember what the guest wrote.
@@ -247,7 +275,11 @@ fn md5_hex(data: &[u8]) -> String {
         .unwrap();
     child.stdin.take().unwrap().write_all(data).unwrap();
     let out = child.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_string()
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 /// A TAP on the host side with `host_ip`/24, removed when dropped.
@@ -258,19 +290,26 @@ struct HostTap {
 impl HostTap {
     fn new(name: &str, host_ip: &str) -> HostTap {
         let ip = |args: &[&str]| {
-            let status = std::process::Command::new("ip").args(args).status().expect("cannot run ip");
+            let status = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .expect("cannot run ip");
             assert!(status.success(), "ip {args:?} failed");
         };
         ip(&["tuntap", "add", "dev", name, "mode", "tap"]);
         ip(&["addr", "add", &format!("{host_ip}/24"), "dev", name]);
         ip(&["link", "set", name, "up"]);
-        HostTap { name: name.to_string() }
+        HostTap {
+            name: name.to_string(),
+        }
     }
 }
 
 impl Drop for HostTap {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("ip").args(["link", "del", &self.name]).status();
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.name])
+            .status();
     }
 }
 
@@ -282,7 +321,9 @@ fn network_reaches_the_host_over_a_tap() {
     // The host serves 4 MiB of known bytes on 10.77.0.1.
     let listener = std::net::TcpListener::bind("10.77.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let payload: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let payload: Vec<u8> = (0..4u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
     let expected = md5_hex(&payload);
     let server = std::thread::spawn(move || {
         use std::io::Write;
@@ -337,7 +378,10 @@ fn vsock_round_trips_both_ways() {
         if reader.read_line(&mut line).is_ok() && line.starts_with("OK ") {
             break (reader, stream);
         }
-        assert!(Instant::now() < deadline, "the guest never accepted: {line:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the guest never accepted: {line:?}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
     stream.write_all(b"hello-from-host\n").unwrap();
@@ -348,5 +392,8 @@ fn vsock_round_trips_both_ways() {
     vmm.wait_for("hello-from-host");
     vmm.send("poweroff\n");
     assert_eq!(vmm.wait_exit(Duration::from_secs(60)).code(), Some(0));
-    assert!(!std::path::Path::new(&uds).exists(), "the vsock socket must be removed");
+    assert!(
+        !std::path::Path::new(&uds).exists(),
+        "the vsock socket must be removed"
+    );
 }

@@ -21,8 +21,8 @@ use devices::pci::{
 use devices::virtio::balloon::{Balloon, BalloonControl};
 use devices::virtio::block::{Block, BlockConfig};
 use devices::virtio::input::{Input, InputControl};
-use devices::virtio::pci::{VirtioPciDevice, BAR_SIZE};
 use devices::virtio::net::Net;
+use devices::virtio::pci::{VirtioPciDevice, BAR_SIZE};
 use devices::virtio::rng::Rng;
 use devices::virtio::vsock::Vsock;
 use devices::virtio::VirtioDevice;
@@ -241,11 +241,13 @@ pub fn create_virtio_devices(config: &VirtioConfig) -> Result<VirtioDevices, Err
         out.devices.push(Box::new(disk));
     }
     for (index, options) in config.nets.iter().enumerate() {
-        let net = Net::from_options(options, &format!("net{index}")).map_err(|e| option_error("--net", &e))?;
+        let net = Net::from_options(options, &format!("net{index}"))
+            .map_err(|e| option_error("--net", &e))?;
         out.devices.push(Box::new(net));
     }
     if let Some(options) = &config.vsock {
-        let vsock = Vsock::from_options(options, "vsock0").map_err(|e| option_error("--vsock", &e))?;
+        let vsock =
+            Vsock::from_options(options, "vsock0").map_err(|e| option_error("--vsock", &e))?;
         out.devices.push(Box::new(vsock));
     }
     if let Some(options) = &config.rng {
