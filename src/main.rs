@@ -20,7 +20,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Boot a VM and attach its serial console to this terminal.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Control a running VM through its API socket.
     Ctl(CtlArgs),
 }
@@ -136,7 +136,7 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(e),
     };
     let result = match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Ctl(args) => ctl(args),
     };
     match result {
