@@ -318,10 +318,11 @@ impl Drop for HostTap {
 fn network_reaches_the_host_over_a_tap() {
     require_hardware_kvm();
     let tap = HostTap::new("hktest0", "10.77.0.1");
-    // The host serves 4 MiB of known bytes on 10.77.0.1.
+    // The host serves 48 MiB of known bytes on 10.77.0.1: enough TSO-sized
+    // frames to run the guest short of rx buffers many times.
     let listener = std::net::TcpListener::bind("10.77.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let payload: Vec<u8> = (0..4u32 << 20)
+    let payload: Vec<u8> = (0..48u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
         .collect();
     let expected = md5_hex(&payload);

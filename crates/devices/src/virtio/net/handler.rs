@@ -9,6 +9,7 @@
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -208,9 +209,9 @@ impl NetHandler {
                     self.pending = 0;
                 }
                 Rx::NoBuffers => {
-                    // Ask for a kick when buffers come; if some came while
-                    // we looked, try once more before sleeping.
-                    match self.rx.enable_notification(&self.mem) {
+                    // Ask for a kick when more buffers come; if some came
+                    // while we looked, try once more before sleeping.
+                    match self.notify_on_next_rx_buffer() {
                         Ok(true) if !retried => retried = true,
                         _ => self.rx_stalled = true,
                     }
@@ -220,6 +221,24 @@ impl NetHandler {
         if used_any {
             self.notify(RX_QUEUE);
         }
+    }
+
+    /// Arms the rx kick for the driver's *next* buffer.
+    ///
+    /// When the frame needs more merged buffers than the driver posted,
+    /// `deliver` steps back over the ones it looked at, so our position is
+    /// behind the driver's avail index. Plain `enable_notification` would
+    /// publish that position as the EVENT_IDX avail_event, which the driver
+    /// has already passed: it would never kick again and rx would stall for
+    /// good. So the event is published at the driver's current index, and our
+    /// position restored. Returns whether buffers arrived meanwhile.
+    fn notify_on_next_rx_buffer(&mut self) -> Result<bool, virtio_queue::Error> {
+        let position = self.rx.next_avail();
+        let posted = self.rx.avail_idx(&self.mem, Ordering::Acquire)?;
+        self.rx.set_next_avail(posted.0);
+        let result = self.rx.enable_notification(&self.mem);
+        self.rx.set_next_avail(position);
+        result
     }
 
     /// Puts the pending frame into the guest's rx buffers.

@@ -213,6 +213,13 @@ impl DriverQueue {
     }
 
     /// The device's used index.
+    /// The device's EVENT_IDX avail_event: the driver kicks when its avail
+    /// index moves past this.
+    pub fn avail_event(&self) -> u16 {
+        let at = self.used.0 + 4 + 8 * u64::from(self.size);
+        self.mem.read_obj(GuestAddress(at)).unwrap()
+    }
+
     pub fn used_idx(&self) -> u16 {
         self.mem.read_obj(self.used.unchecked_add_u64(2)).unwrap()
     }

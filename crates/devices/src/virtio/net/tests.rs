@@ -329,6 +329,32 @@ fn event_idx_suppresses_interrupts_until_used_event() {
 }
 
 #[test]
+fn rx_short_of_merged_buffers_asks_for_the_drivers_next_buffer() {
+    // EVENT_IDX: the driver kicks only when its avail index passes the
+    // device's avail_event. A frame needing more buffers than are posted
+    // must leave avail_event at the driver's index, not behind it, or the
+    // driver never kicks again and rx stalls for good.
+    let mut r = rig(MRG | f(VIRTIO_RING_F_EVENT_IDX));
+    let first: Vec<_> = (0..2).map(|_| r.rx.add(&[D::W(64)])).collect();
+    r.rx.kick.write(1).unwrap();
+    let fr = frame(140, 20); // 152 bytes with its header: three buffers
+    r.peer.send(&[hdr(), fr.clone()].concat()).unwrap();
+    r.rx.assert_idle(50);
+    wait_for("avail_event at the driver's index", || {
+        r.rx.avail_event() == 2
+    });
+    let third = r.rx.add(&[D::W(64)]);
+    r.rx.kick.write(1).unwrap();
+    let mut got = Vec::new();
+    for (head, addrs) in first.iter().chain(std::iter::once(&third)) {
+        let u = r.rx.wait_used();
+        assert_eq!(u.head, *head);
+        got.extend(r.rx.read(addrs[0], u.len as usize));
+    }
+    assert_eq!(&got[NET_HDR_LEN..], &fr[..]);
+}
+
+#[test]
 fn config_space_and_features() {
     let r = rig(MRG);
     let feats = r.net.device_features();
