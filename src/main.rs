@@ -74,6 +74,11 @@ struct RunArgs {
     /// Offer KVM asynchronous page faults to the guest (on|off).
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
     async_pf: bool,
+    /// Shadow-paging budget in 4 KiB pages (KVM_SET_NR_MMU_PAGES), or auto
+    /// to size it from the guest's page tables (needs --vsock and the guest
+    /// agent; docs/shadow-paging.md). Default: KVM's own.
+    #[arg(long, value_name = "N|auto")]
+    spt_pages: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -92,6 +97,13 @@ enum CtlCommandArg {
         /// Memory the balloon should hold, e.g. 256M or 1G.
         #[arg(long, value_name = "SIZE")]
         target: Option<SizeArg>,
+    },
+    /// Show the paging mode, shadow-page budget and KVM MMU statistics, or
+    /// change the budget.
+    Mmu {
+        /// New budget: a number of 4 KiB pages, or auto.
+        #[arg(long, value_name = "N|auto")]
+        spt_pages: Option<api::SptPages>,
     },
     /// Check that the VMM answers.
     Ping,
@@ -180,6 +192,17 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
 fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
     let memory_bytes = parse_memory_size(&args.memory).map_err(|e| e.to_string())?;
     let vcpus = parse_vcpu_count(args.cpus).map_err(|e| e.to_string())?;
+    let spt_budget = match &args.spt_pages {
+        Some(text) => vmm::mmu::SptBudget::parse(text, memory_bytes)
+            .map_err(|e| format!("--spt-pages: {e}"))?,
+        None => vmm::mmu::SptBudget::Default,
+    };
+    if spt_budget == vmm::mmu::SptBudget::Auto && args.vsock.is_none() {
+        return Err(format!(
+            "--spt-pages: {}",
+            vmm::mmu::MmuError::AutoNeedsVsock
+        ));
+    }
     let (kernel, initramfs) = match args.kernel {
         Some(kernel) => (kernel, args.initramfs),
         None => {
@@ -206,6 +229,7 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
         exec: args.exec,
         api_socket: args.api_socket,
         async_pf: args.async_pf,
+        spt_budget,
         virtio: VirtioConfig {
             disks: args.disk,
             nets: args.net,
@@ -245,6 +269,10 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
         CtlCommandArg::Balloon {
             target: Some(SizeArg(bytes)),
         } => api::CtlCommand::BalloonSet(bytes >> 20),
+        CtlCommandArg::Mmu { spt_pages: None } => api::CtlCommand::Mmu,
+        CtlCommandArg::Mmu {
+            spt_pages: Some(pages),
+        } => api::CtlCommand::MmuSet(pages),
     };
     let output = api::run_ctl(&args.api_socket, &command).map_err(|e| e.to_string())?;
     if !output.is_empty() {

@@ -100,6 +100,99 @@ pub enum ApiAction {
     BalloonInfo,
     /// Set the balloon's target size; answered with [`ApiResponse::Empty`].
     BalloonSet(BalloonTarget),
+    /// Paging mode, shadow-page budget and KVM MMU statistics; answered
+    /// with [`ApiResponse::Mmu`].
+    MmuInfo,
+    /// Change the shadow-page budget; answered with [`ApiResponse::Empty`].
+    MmuSet(MmuSettings),
+}
+
+/// A shadow-paging budget as the API takes it: a number of 4 KiB pages, or
+/// `"auto"` (sized from the guest's page tables). On the wire a JSON
+/// number or the string `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "SptPagesWire", into = "SptPagesWire")]
+pub enum SptPages {
+    /// A fixed budget of this many pages.
+    Pages(u64),
+    /// Follow the guest's page-table size.
+    Auto,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum SptPagesWire {
+    Pages(u64),
+    Word(String),
+}
+
+impl TryFrom<SptPagesWire> for SptPages {
+    type Error = String;
+
+    fn try_from(wire: SptPagesWire) -> Result<Self, String> {
+        match wire {
+            SptPagesWire::Pages(n) => Ok(SptPages::Pages(n)),
+            SptPagesWire::Word(w) => w.parse(),
+        }
+    }
+}
+
+impl From<SptPages> for SptPagesWire {
+    fn from(pages: SptPages) -> Self {
+        match pages {
+            SptPages::Pages(n) => SptPagesWire::Pages(n),
+            SptPages::Auto => SptPagesWire::Word("auto".into()),
+        }
+    }
+}
+
+impl std::str::FromStr for SptPages {
+    type Err = String;
+
+    /// `auto` or a whole number of pages (range checks are the VMM's).
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("auto") {
+            return Ok(SptPages::Auto);
+        }
+        text.parse::<u64>()
+            .map(SptPages::Pages)
+            .map_err(|_| format!("'{text}' is not a number of 4 KiB pages or \"auto\""))
+    }
+}
+
+/// Body of `PUT /api/v1/vm.mmu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MmuSettings {
+    /// The new shadow-page budget.
+    pub spt_pages: SptPages,
+}
+
+/// Answer to `GET /api/v1/vm.mmu`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmuInfo {
+    /// How KVM translates guest memory: `"shadow"`, `"npt"`, `"ept"` or
+    /// `"unknown"`.
+    pub paging: String,
+    /// Where `paging` was read (e.g. `"kvm_amd npt=N"`, `"kvm_pvm"`).
+    pub paging_source: String,
+    /// `"default"` (KVM's own budget), `"fixed"` or `"auto"`.
+    pub mode: String,
+    /// The budget hakoniwa set, in 4 KiB pages (null: KVM's default).
+    pub budget_pages: Option<u64>,
+    /// The budget KVM reports (KVM_GET_NR_MMU_PAGES), in pages.
+    pub kvm_nr_mmu_pages: Option<u64>,
+    /// Guest RAM in 4 KiB pages (the largest sensible budget).
+    pub guest_memory_pages: u64,
+    /// The guest's PageTables from /proc/meminfo, KiB, as its agent last
+    /// reported it (null until it did).
+    pub guest_page_tables_kib: Option<u64>,
+    /// KVM's VM statistics about the MMU (mmu_*, pages_*), by name.
+    pub stats: std::collections::BTreeMap<String, u64>,
+    /// KVM's per-vCPU statistics about paging and exits (pf_*, exits, ...),
+    /// summed over the vCPUs.
+    pub vcpu_stats: std::collections::BTreeMap<String, u64>,
 }
 
 /// Body of `PUT /api/v1/vm.balloon`.
@@ -138,6 +231,8 @@ pub enum ApiResponse {
     VmInfo(VmInfo),
     /// Answer to [`ApiAction::BalloonInfo`].
     Balloon(BalloonInfo),
+    /// Answer to [`ApiAction::MmuInfo`].
+    Mmu(MmuInfo),
 }
 
 /// Refusal or failure of an [`ApiAction`], carrying the HTTP status to send.
@@ -239,6 +334,22 @@ mod tests {
             version: "1.2.3".into(),
         });
         assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"version":"1.2.3"}"#);
+    }
+
+    #[test]
+    fn spt_pages_are_a_number_or_auto_on_the_wire() {
+        let set: MmuSettings = serde_json::from_str(r#"{"spt_pages": 512}"#).unwrap();
+        assert_eq!(set.spt_pages, SptPages::Pages(512));
+        let set: MmuSettings = serde_json::from_str(r#"{"spt_pages": "auto"}"#).unwrap();
+        assert_eq!(set.spt_pages, SptPages::Auto);
+        assert_eq!(
+            serde_json::to_string(&set).unwrap(),
+            r#"{"spt_pages":"auto"}"#
+        );
+        assert!(serde_json::from_str::<MmuSettings>(r#"{"spt_pages": "lots"}"#).is_err());
+        assert!(serde_json::from_str::<MmuSettings>(r#"{"spt_pages": -1}"#).is_err());
+        assert_eq!("AUTO".parse::<SptPages>(), Ok(SptPages::Auto));
+        assert!("lots".parse::<SptPages>().unwrap_err().contains("lots"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::action::{ApiAction, BalloonTarget, ErrorBody};
+use crate::action::{ApiAction, BalloonTarget, ErrorBody, MmuSettings, SptPages};
 use crate::http::{self, is_timeout, parse_response_head, read_more, write_all_by};
 use crate::Error;
 
@@ -196,17 +196,22 @@ pub enum CtlCommand {
     Balloon,
     /// Set the balloon's target size, in MiB.
     BalloonSet(u64),
+    /// Print the paging mode, shadow-page budget and KVM MMU statistics.
+    Mmu,
+    /// Set the shadow-page budget.
+    MmuSet(SptPages),
 }
 
 impl CtlCommand {
     /// Every command that takes no argument, for help texts and parsers.
-    pub const ALL: [CtlCommand; 6] = [
+    pub const ALL: [CtlCommand; 7] = [
         CtlCommand::Ping,
         CtlCommand::Info,
         CtlCommand::Pause,
         CtlCommand::Resume,
         CtlCommand::Shutdown,
         CtlCommand::Balloon,
+        CtlCommand::Mmu,
     ];
 
     /// The command's name on the command line.
@@ -218,6 +223,7 @@ impl CtlCommand {
             CtlCommand::Resume => "resume",
             CtlCommand::Shutdown => "shutdown",
             CtlCommand::Balloon | CtlCommand::BalloonSet(_) => "balloon",
+            CtlCommand::Mmu | CtlCommand::MmuSet(_) => "mmu",
         }
     }
 
@@ -233,6 +239,8 @@ impl CtlCommand {
             CtlCommand::BalloonSet(target_mib) => {
                 ApiAction::BalloonSet(BalloonTarget { target_mib })
             }
+            CtlCommand::Mmu => ApiAction::MmuInfo,
+            CtlCommand::MmuSet(spt_pages) => ApiAction::MmuSet(MmuSettings { spt_pages }),
         }
     }
 
@@ -246,6 +254,8 @@ impl CtlCommand {
             CtlCommand::Shutdown => "VM shutdown requested",
             CtlCommand::Balloon => "no balloon information returned",
             CtlCommand::BalloonSet(_) => "balloon target set",
+            CtlCommand::Mmu => "no MMU information returned",
+            CtlCommand::MmuSet(_) => "shadow-page budget set",
         }
     }
 }

@@ -165,6 +165,8 @@ routes! {
     Put "/api/v1/vm.shutdown" => Shutdown;
     Get "/api/v1/vm.balloon"  => BalloonInfo;
     Put "/api/v1/vm.balloon"  => BalloonSet(target);
+    Get "/api/v1/vm.mmu"      => MmuInfo;
+    Put "/api/v1/vm.mmu"      => MmuSet(settings);
 }
 
 /// Result of looking a request up in [`ROUTES`].
@@ -223,6 +225,10 @@ mod tests {
             ApiAction::Shutdown,
             ApiAction::BalloonInfo,
             ApiAction::BalloonSet(crate::action::BalloonTarget { target_mib: 128 }),
+            ApiAction::MmuInfo,
+            ApiAction::MmuSet(crate::action::MmuSettings {
+                spt_pages: crate::action::SptPages::Auto,
+            }),
         ];
         assert_eq!(actions.len(), ROUTES.len());
         for action in actions {

@@ -94,6 +94,9 @@ impl VmController for FakeVmm {
                 Err(ApiError::conflict("the target exceeds guest memory"))
             }
             ApiAction::BalloonSet(_) => Ok(ApiResponse::Empty),
+            ApiAction::MmuInfo | ApiAction::MmuSet(_) => {
+                Err(ApiError::not_implemented("no MMU in the fake VMM"))
+            }
         }
     }
 }

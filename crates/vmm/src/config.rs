@@ -29,6 +29,8 @@ pub struct VmConfig {
     pub async_pf: bool,
     /// Virtio devices.
     pub virtio: VirtioConfig,
+    /// Shadow-paging budget (`--spt-pages`; docs/shadow-paging.md).
+    pub spt_budget: crate::mmu::SptBudget,
 }
 
 /// Virtio devices as the command line gives them: each a `key=value,...`

@@ -14,6 +14,7 @@ use devices::virtio::balloon::BalloonControl;
 
 use crate::boot::BootProtocol;
 use crate::event::{EventSender, VmmEvent};
+use crate::mmu::{MmuControl, SptBudget};
 use crate::vcpu::{Desired, RunControl};
 use crate::vm::kick;
 use crate::Error;
@@ -63,6 +64,7 @@ pub struct VmControl {
     events: EventSender,
     shutting_down: AtomicBool,
     balloon: Option<Arc<BalloonControl>>,
+    mmu: Option<Arc<MmuControl>>,
 }
 
 // SAFETY: pthread_t is an opaque thread id (an integer on Linux); it is
@@ -86,7 +88,20 @@ impl VmControl {
             events,
             shutting_down: AtomicBool::new(false),
             balloon,
+            mmu: None,
         }
+    }
+
+    /// Serves `vm.mmu` from `mmu`.
+    pub fn with_mmu(mut self, mmu: Arc<MmuControl>) -> Self {
+        self.mmu = Some(mmu);
+        self
+    }
+
+    fn mmu(&self) -> Result<&MmuControl, ApiError> {
+        self.mmu
+            .as_deref()
+            .ok_or_else(|| ApiError::not_implemented("this VM has no MMU control"))
     }
 
     fn balloon(&self) -> Result<&BalloonControl, ApiError> {
@@ -194,6 +209,18 @@ impl VmController for VmControl {
                 .set_target_mib(target.target_mib)
                 .map(|()| ApiResponse::Empty)
                 .map_err(|e| ApiError::conflict(e.to_string())),
+            ApiAction::MmuInfo => Ok(ApiResponse::Mmu(self.mmu()?.info())),
+            ApiAction::MmuSet(settings) => {
+                let budget = SptBudget::from_api(settings.spt_pages, self.description.memory_bytes)
+                    .map_err(|e| ApiError::bad_request(format!("spt_pages: {e}")))?;
+                self.mmu()?
+                    .set(budget)
+                    .map(|()| ApiResponse::Empty)
+                    .map_err(|e| match e {
+                        crate::mmu::MmuError::Set { .. } => ApiError::internal(e.to_string()),
+                        _ => ApiError::conflict(e.to_string()),
+                    })
+            }
         }
     }
 }

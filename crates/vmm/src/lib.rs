@@ -9,7 +9,8 @@
 //! - [`vm`]: the builder and the VM's lifetime;
 //! - [`console`], [`signals`], [`controller`]: the ways the outside world
 //!   talks to a running VM (terminal, Unix signals, control API);
-//! - [`event`]: why a VM ends, and hakoniwa's exit status for it.
+//! - [`event`]: why a VM ends, and hakoniwa's exit status for it;
+//! - [`mmu`], [`stats`]: the shadow-paging budget and KVM's statistics.
 
 pub mod boot;
 pub mod config;
@@ -17,8 +18,10 @@ pub mod console;
 pub mod controller;
 pub mod event;
 pub mod memory;
+pub mod mmu;
 pub mod platform;
 pub mod signals;
+pub mod stats;
 pub mod vcpu;
 pub mod vm;
 
@@ -81,4 +84,6 @@ pub enum Error {
     Api(String),
     #[error(transparent)]
     Arch(#[from] arch::Error),
+    #[error("--spt-pages: {0}")]
+    Mmu(#[from] mmu::MmuError),
 }

@@ -24,6 +24,7 @@ use crate::console::{spawn_input_thread, RawTerminal};
 use crate::controller::{VmControl, VmDescription};
 use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
 use crate::memory::{create_guest_memory, register_guest_memory, GuestMemoryMmap};
+use crate::mmu::{AgentListener, MmuControl, SptBudget};
 use crate::platform::{create_virtio_devices, Platform};
 use crate::vcpu::{install_kick_handler, kick_signal, Desired, RunControl, Vcpu};
 use crate::{signals, Error};
@@ -54,6 +55,13 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     let vm_fd = Arc::new(create_vm(&kvm)?);
     let memory = create_guest_memory(config.memory_bytes)?;
     register_guest_memory(&vm_fd, &memory)?;
+    // The shadow-page budget, before any vCPU runs (docs/shadow-paging.md).
+    let mmu = Arc::new(MmuControl::new(
+        vm_fd.clone(),
+        config.memory_bytes,
+        config.spt_budget,
+    )?);
+    let _mmu_agent = start_mmu_agent(config, &mmu)?;
 
     let notifier = exit_notifier(control.clone(), events.clone());
     let mut platform = Platform::new(&vm_fd, notifier)?;
@@ -91,6 +99,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         let fd = vm_fd
             .create_vcpu(u64::from(index))
             .map_err(|e| Error::Kvm("KVM_CREATE_VCPU", e))?;
+        mmu.stats().add_vcpu(&fd);
         let mut cpuid = supported_cpuid.clone();
         patch_cpuid(&mut cpuid, index, cpuid_options);
         fd.set_cpuid2(&cpuid)
@@ -146,13 +155,16 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         devices: platform.devices,
     };
     let vcpu_pthreads = vm.vcpu_threads.iter().map(|t| t.as_pthread_t()).collect();
-    let vm_control = Arc::new(VmControl::new(
-        description,
-        control.clone(),
-        vcpu_pthreads,
-        events.clone(),
-        virtio_devices.balloon.clone(),
-    ));
+    let vm_control = Arc::new(
+        VmControl::new(
+            description,
+            control.clone(),
+            vcpu_pthreads,
+            events.clone(),
+            virtio_devices.balloon.clone(),
+        )
+        .with_mmu(mmu),
+    );
     let _api_server = match &config.api_socket {
         Some(path) => Some(crate::controller::start_api_server(
             path,
@@ -214,6 +226,31 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
     vm.create_pit2(pit)
         .map_err(|e| Error::Kvm("KVM_CREATE_PIT2", e))?;
     Ok(vm)
+}
+
+/// The guest agent's listener (vsock port 1024) when the VM has a vsock:
+/// required for `--spt-pages auto`, otherwise best effort (it also lets an
+/// API switch to auto at run time follow the guest).
+fn start_mmu_agent(
+    config: &VmConfig,
+    mmu: &Arc<MmuControl>,
+) -> Result<Option<AgentListener>, Error> {
+    let auto = config.spt_budget == SptBudget::Auto;
+    let Some(vsock) = &config.virtio.vsock else {
+        return if auto {
+            Err(crate::mmu::MmuError::AutoNeedsVsock.into())
+        } else {
+            Ok(None)
+        };
+    };
+    match AgentListener::start(vsock, mmu.clone()) {
+        Ok(listener) => Ok(Some(listener)),
+        Err(e) if auto => Err(e.into()),
+        Err(e) => {
+            tracing::warn!("no guest agent for the shadow-page budget: {e}");
+            Ok(None)
+        }
+    }
 }
 
 /// Device exits stop the vCPUs at once (so the guest runs no further after
