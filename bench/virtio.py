@@ -1,0 +1,931 @@
+#!/usr/bin/env python3
+"""virtio benchmark: hakoniwa's virtio-blk and virtio-net against QEMU's.
+
+Block: one raw image (default 512 MiB of random data, written once with dd
+from /dev/urandom into --workdir, which must allow O_DIRECT), attached as a
+virtio-blk disk (/dev/vda) to the same guest under each VMM and each cache
+mode (writeback, none, unsafe; QEMU: -drive ...,cache=MODE,aio=threads
+-device virtio-blk-pci). Each run boots the guest once, after `sync` and
+dropping the host's page cache, and runs in the guest, all with O_DIRECT
+(guest/tools/hk-ioperf.c):
+
+  randread   4 KiB reads at random offsets in the image's upper part
+             ([--seq-mib, --image-mib) MiB) for --randread-seconds, one
+             read in flight (--qd adds more queue depths): IOPS;
+  seqread    1 MiB reads of the lower --seq-mib MiB: MB/s;
+  seqwrite   1 MiB writes over the same --seq-mib MiB, ending with
+             fdatasync (a virtio-blk flush, which cache=unsafe ignores):
+             MB/s including the flush (and, as an extra, without it);
+
+then reads back the first --check-mib MiB of each region with dd and prints
+their md5, which must match the host's md5 of the image (the upper region
+as written at the start; the lower one after the VMM exited): a data check.
+The two regions keep the random reads from warming the host page cache for
+the sequential read. With cache=writeback, reads that hit what is already in
+the host page cache are served from it: that is the mode, reported as
+measured.
+
+Network: per run a fresh TAP device (host side 10.213.N.1/24, guest eth0
+10.213.N.2/24) and a virtio-net NIC on it (QEMU: -netdev tap,...
+-device virtio-net-pci). The host listens on two TCP ports; the guest sends
+--net-mib MiB to the first (`hk-ioperf tcpsend`) and then receives --net-mib
+MiB from the second (`hk-ioperf tcprecv`). MB/s is taken at the host end:
+guest -> host from accept to end of stream; host -> guest from accept to the
+guest's close after it read everything. The guest's own figures are kept
+as a cross-check. A transfer that moves nothing for --stall-seconds stops
+its VM (a failed run, "stalled").
+
+All combinations round-robin (round 1: every cache mode x every VMM, then
+the network runs; round 2; ...), --runs rounds (default 3); medians, min and
+max; ratios hakoniwa / QEMU of medians (above 1: hakoniwa is faster). A run
+that fails (VMM status, timeout, missing figure, data check) is recorded
+and reported, never dropped, and the script exits 1.
+
+Writes bench/results/virtio.json (raw runs, summary, environment) and
+bench/results/virtio.md (tables). Python 3 standard library only. Normally
+run through scripts/bench-virtio, which picks the test rig or the host
+(hardware KVM) and builds what is missing. Needs root (TAP devices,
+drop_caches).
+"""
+
+import argparse
+import base64
+import datetime
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from boot import (bzimage_version, cpu_model, first_line, in_rig,  # noqa: E402
+                  kvm_kind, md_table, sha256_file, text_table)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
+RIG_NOTE = ("inside L1 under TCG with nested KVM; absolute figures mean little, "
+            "compare ratios")
+SEED_002 = ("seed 002's question: which cache helps for which workload; this "
+            "table is the raw device speed per mode")
+VMMS = ["hakoniwa", "qemu"]
+MODES = ["writeback", "none", "unsafe"]
+MAC = "52:54:00:12:34:56"
+PORT_G2H, PORT_H2G = 5201, 5202
+MIB = 1024 * 1024
+RESULT_RE = re.compile(r"^(randread|seqread|seqwrite|tcpsend|tcprecv) (.*)$", re.M)
+CHECK_RE = re.compile(r"^check (rand|seq) md5=([0-9a-f]{32})$", re.M)
+
+
+# ---------------------------------------------------------------- VMMs ----
+
+def vmm_argv(args, vmm, kernel, initrd, cmd, disk=None, tap=None):
+    """argv of one VM running the guest command CMD; DISK is (path, cache
+    mode), TAP a TAP device name."""
+    cmdline = CMDLINE + " hk.cmd=" + base64.b64encode(cmd.encode()).decode()
+    mem = "%dM" % args.memory_mib
+    if vmm == "hakoniwa":
+        argv = [args.hakoniwa, "run", "--kernel", kernel, "--initramfs", initrd,
+                "--cmdline", cmdline, "--cpus", str(args.cpus), "--memory", mem]
+        if disk:
+            argv += ["--disk", "path=%s,cache=%s" % disk]
+        if tap:
+            argv += ["--net", "tap=%s,mac=%s" % (tap, MAC)]
+        return argv
+    argv = [args.qemu, "-M", "pc", "-enable-kvm", "-cpu", "host", "-smp", str(args.cpus),
+            "-m", mem, "-nodefaults", "-no-user-config", "-display", "none",
+            "-no-reboot", "-serial", "stdio",
+            "-device", "isa-debug-exit,iobase=0x501,iosize=1",
+            "-kernel", kernel, "-initrd", initrd, "-append", cmdline]
+    if disk:
+        argv += ["-drive", "file=%s,if=none,id=d0,format=raw,cache=%s,aio=threads"
+                 % (disk[0].replace(",", ",,"), disk[1]),
+                 "-device", "virtio-blk-pci,drive=d0"]
+    if tap:
+        argv += ["-netdev", "tap,id=n0,ifname=%s,script=no,downscript=no" % tap,
+                 "-device", "virtio-net-pci,netdev=n0,mac=%s" % MAC]
+    return argv
+
+
+def guest_status(vmm, status):
+    """The guest command's exit status from the VMM's, or None."""
+    if vmm == "hakoniwa":
+        return status
+    # QEMU's isa-debug-exit: (N << 1) | 1; anything else is no guest status.
+    return status >> 1 if status is not None and status > 0 and status & 1 else None
+
+
+def run_vm(argv, timeout, stalled=None):
+    """Runs a VM to its end; returns a dict with status, output, times and
+    the VMM's CPU time (user + system, all threads). STALLED, if given, is
+    polled: a true value (a reason) stops the VM early."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, close_fds=True)
+    out, err = [], []
+    readers = [threading.Thread(target=lambda f, b: b.append(f.read()), args=(f, b),
+                                daemon=True)
+               for f, b in ((proc.stdout, out), (proc.stderr, err))]
+    for t in readers:
+        t.start()
+    deadline = t0 + timeout
+    timed_out = False
+    stall = None
+    rusage = None
+    while True:
+        pid, wstatus, rusage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if not timed_out and stalled and not stall:
+            stall = stalled()
+            if stall:
+                deadline = 0
+        if time.monotonic() > deadline and not timed_out:
+            timed_out = True
+            proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 5
+        elif timed_out and time.monotonic() > deadline:
+            proc.kill()
+            deadline = float("inf")
+        time.sleep(0.05)
+    wall = time.monotonic() - t0
+    proc.returncode = os.waitstatus_to_exitcode(wstatus)
+    for t in readers:
+        t.join(5)
+    return {
+        "status": proc.returncode,
+        "timed_out": timed_out,
+        "stalled": stall,
+        "wall_s": wall,
+        "vmm_cpu_s": rusage.ru_utime + rusage.ru_stime,
+        "stdout": (out[0] if out else b"").decode("utf-8", "replace"),
+        "stderr": (err[0] if err else b"").decode("utf-8", "replace"),
+    }
+
+
+def parse_figures(text):
+    """{'randread@1': {...}, 'seqread': {...}, ...} from hk-ioperf's lines."""
+    figs = {}
+    for m in RESULT_RE.finditer(text):
+        vals = {}
+        for item in m.group(2).split():
+            k, _, v = item.partition("=")
+            try:
+                vals[k] = float(v)
+            except ValueError:
+                pass
+        key = m.group(1)
+        if key == "randread":
+            key = "randread@%d" % vals.get("qd", 1)
+        figs[key] = vals
+    return figs
+
+
+def vm_error(vmm, vm):
+    if vm.get("stalled"):
+        return "stalled: %s (VMM stopped)" % vm["stalled"]
+    if vm["timed_out"]:
+        return "timed out (VMM stopped)"
+    g = guest_status(vmm, vm["status"])
+    if g is None:
+        return "VMM exited with status %s, not through the guest's debug-exit" % vm["status"]
+    if g != 0:
+        return "guest command exited with status %d" % g
+    return None
+
+
+# ------------------------------------------------------------- host side --
+
+def sh(*argv):
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+
+
+def drop_caches():
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def md5_region(path, start_mib, mib):
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        f.seek(start_mib * MIB)
+        for _ in range(mib):
+            h.update(f.read(MIB))
+    return h.hexdigest()
+
+
+def check_o_direct(directory):
+    path = os.path.join(directory, "odirect-probe")
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o600)
+        try:
+            import mmap
+            buf = mmap.mmap(-1, 4096)  # page-aligned
+            os.write(fd, buf)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def fs_type(path):
+    best, kind = "", None
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                mnt = parts[1]
+                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                    best, kind = mnt, "%s on %s (%s)" % (parts[2], mnt, parts[0])
+    except OSError:
+        pass
+    return kind
+
+
+class Listener:
+    """One TCP transfer at the host end of a TAP: 'recv' counts what the guest
+    sends until it half-closes; 'send' sends NBYTES, half-closes and waits
+    for the guest's close. Times run from accept()."""
+
+    def __init__(self, addr, port, mode, nbytes, timeout):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((addr, port))
+        self.sock.listen(1)
+        self.sock.settimeout(timeout)
+        self.mode, self.nbytes = mode, nbytes
+        self.result = {"ok": False}
+        # Live progress, for stall detection and for the record of a
+        # transfer that never ended.
+        self.accepted = None
+        self.moved = 0
+        self.last_progress = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            conn, _ = self.sock.accept()
+        except OSError as e:
+            self.result["error"] = "no connection: %s" % e
+            return
+        t0 = self.accepted = self.last_progress = time.monotonic()
+        total = 0
+        try:
+            conn.settimeout(self.sock.gettimeout())
+            if self.mode == "recv":
+                buf = bytearray(MIB)
+                while True:
+                    n = conn.recv_into(buf)
+                    if not n:
+                        break
+                    total += n
+                    self.moved, self.last_progress = total, time.monotonic()
+            else:
+                chunk = bytes(MIB)
+                view = memoryview(chunk)
+                while total < self.nbytes:
+                    n = conn.send(view[:min(MIB, self.nbytes - total)])
+                    total += n
+                    self.moved, self.last_progress = total, time.monotonic()
+                conn.shutdown(socket.SHUT_WR)
+                while conn.recv(65536):
+                    pass
+            t1 = time.monotonic()
+            self.result = {"ok": total == self.nbytes, "bytes": total, "seconds": t1 - t0,
+                           "mbps": total / 1e6 / (t1 - t0)}
+            if total != self.nbytes:
+                self.result["error"] = "%d bytes moved, %d expected" % (total, self.nbytes)
+        except OSError as e:
+            self.result = {"ok": False, "bytes": total, "error": "transfer: %s" % e}
+        finally:
+            conn.close()
+
+    def stalled(self, seconds):
+        """A reason if the transfer started but moved nothing for SECONDS."""
+        if self.thread.is_alive() and self.accepted is not None:
+            idle = time.monotonic() - self.last_progress
+            if idle > seconds:
+                return "nothing moved for %.0f s after %d of %d bytes %s" % (
+                    idle, self.moved, self.nbytes,
+                    "received" if self.mode == "recv" else "handed to TCP")
+        return None
+
+    def close(self):
+        self.sock.close()
+        self.thread.join(5)
+        if self.thread.is_alive():
+            self.result = {"ok": False, "bytes": self.moved,
+                           "error": "unfinished at the VM's end: %s" % (
+                               "%d of %d bytes moved" % (self.moved, self.nbytes)
+                               if self.accepted is not None else "no connection")}
+
+
+# ------------------------------------------------------------- one run ----
+
+def block_cmd(args):
+    rand_start, rand_span = args.seq_mib, args.image_mib - args.seq_mib
+    chk_rand = min(args.check_mib, rand_span)
+    chk_seq = min(args.check_mib, args.seq_mib)
+    lines = ["set -e"]
+    for qd in args.qd:
+        lines.append("hk-ioperf randread /dev/vda %g 4096 %d %d %d"
+                     % (args.randread_seconds, qd, rand_start, rand_span))
+    lines.append("hk-ioperf seqread /dev/vda %d 1048576 0" % args.seq_mib)
+    lines.append("hk-ioperf seqwrite /dev/vda %d 1048576 0" % args.seq_mib)
+    for name, start, mib in (("rand", rand_start, chk_rand), ("seq", 0, chk_seq)):
+        lines.append("echo check %s md5=$(dd if=/dev/vda bs=1M skip=%d count=%d "
+                     "iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)" % (name, start, mib))
+    return "\n".join(lines)
+
+
+def block_run(args, vmm, mode, kernel, initrd, image, rand_md5, rnd):
+    rec = {"kind": "block", "vmm": vmm, "cache": mode, "round": rnd, "ok": False}
+    rec["page_cache_dropped"] = drop_caches()
+    argv = vmm_argv(args, vmm, kernel, initrd, block_cmd(args), disk=(image, mode))
+    vm = run_vm(argv, args.timeout)
+    rec.update({k: vm[k] for k in ("status", "timed_out", "wall_s", "vmm_cpu_s")})
+    figs = parse_figures(vm["stdout"])
+    rec["figures"] = figs
+    checks = dict(CHECK_RE.findall(vm["stdout"]))
+    rec["guest_md5"] = checks
+    err = vm_error(vmm, vm)
+    want = ["randread@%d" % q for q in args.qd] + ["seqread", "seqwrite"]
+    if not err and any(k not in figs for k in want):
+        err = "missing figures: %s" % ", ".join(k for k in want if k not in figs)
+    if not err:
+        host_seq = md5_region(image, 0, min(args.check_mib, args.seq_mib))
+        rec["host_md5"] = {"rand": rand_md5, "seq": host_seq}
+        if checks.get("rand") != rand_md5:
+            err = "data check: the guest read %s from the random-read region, the " \
+                  "image holds %s" % (checks.get("rand"), rand_md5)
+        elif checks.get("seq") != host_seq:
+            err = "data check: the guest read back %s after seqwrite, the image " \
+                  "holds %s" % (checks.get("seq"), host_seq)
+    if err:
+        rec["error"] = err
+        rec["stdout_tail"] = vm["stdout"][-3000:]
+        rec["stderr_tail"] = vm["stderr"][-3000:]
+        rec["argv"] = argv
+        return rec
+    for q in args.qd:
+        rec["randread_iops_qd%d" % q] = figs["randread@%d" % q]["iops"]
+    rec["seqread_mbps"] = figs["seqread"]["mbps"]
+    rec["seqwrite_mbps"] = figs["seqwrite"]["mbps"]
+    rec["seqwrite_mbps_nosync"] = figs["seqwrite"]["mbps_nosync"]
+    rec["seqwrite_sync_s"] = figs["seqwrite"]["sync_seconds"]
+    rec["ok"] = True
+    return rec
+
+
+def net_run(args, vmm, kernel, initrd, rnd, serial):
+    rec = {"kind": "net", "vmm": vmm, "round": rnd, "ok": False}
+    tap = "hkbv%d.%d" % (os.getpid() % 10000, serial)
+    net = serial % 250 + 1
+    host, guest = "10.213.%d.1" % net, "10.213.%d.2" % net
+    rec["tap"] = tap
+    nbytes = args.net_mib * MIB
+    cmd = ("set -e\nip link set eth0 up\nip addr add %s/24 dev eth0\n"
+           "hk-ioperf tcpsend %s %d %d\nhk-ioperf tcprecv %s %d"
+           % (guest, host, PORT_G2H, args.net_mib, host, PORT_H2G))
+    argv = vmm_argv(args, vmm, kernel, initrd, cmd, tap=tap)
+    g2h = h2g = None
+    try:
+        sh("ip", "tuntap", "add", "dev", tap, "mode", "tap")
+        sh("ip", "addr", "add", host + "/24", "dev", tap)
+        sh("ip", "link", "set", tap, "up")
+        g2h = Listener(host, PORT_G2H, "recv", nbytes, args.timeout)
+        h2g = Listener(host, PORT_H2G, "send", nbytes, args.timeout)
+
+        def stalled():
+            for name, lst in (("guest -> host", g2h), ("host -> guest", h2g)):
+                why = lst.stalled(args.stall_seconds)
+                if why:
+                    return "%s: %s" % (name, why)
+            return None
+        vm = run_vm(argv, args.timeout, stalled)
+    except (OSError, subprocess.CalledProcessError) as e:
+        rec.update({"error": "host side: %s" % e, "stdout_tail": "", "stderr_tail": "",
+                    "argv": argv})
+        return rec
+    finally:
+        for lst in (g2h, h2g):
+            if lst:
+                lst.close()
+        subprocess.run(["ip", "link", "del", tap], stderr=subprocess.DEVNULL)
+    rec.update({k: vm[k] for k in ("status", "timed_out", "stalled", "wall_s", "vmm_cpu_s")})
+    figs = parse_figures(vm["stdout"])
+    rec["guest_figures"] = figs
+    rec["host_g2h"], rec["host_h2g"] = g2h.result, h2g.result
+    err = vm_error(vmm, vm)
+    if not err:
+        for name, r in (("guest -> host", g2h.result), ("host -> guest", h2g.result)):
+            if not r["ok"]:
+                err = "%s: %s" % (name, r.get("error", "failed"))
+                break
+    if not err and figs.get("tcprecv", {}).get("bytes") != nbytes:
+        err = "the guest received %s bytes, %d sent" % (
+            figs.get("tcprecv", {}).get("bytes"), nbytes)
+    if err:
+        rec["error"] = err
+        rec["stdout_tail"] = vm["stdout"][-3000:]
+        rec["stderr_tail"] = vm["stderr"][-3000:]
+        rec["argv"] = argv
+        return rec
+    rec["g2h_mbps"] = g2h.result["mbps"]
+    rec["h2g_mbps"] = h2g.result["mbps"]
+    rec["g2h_mbps_guest"] = figs["tcpsend"]["mbps"]
+    rec["h2g_mbps_guest"] = figs["tcprecv"]["mbps"]
+    rec["ok"] = True
+    return rec
+
+
+# ------------------------------------------------------------- summary ----
+
+def stats(vals):
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
+            "n": len(vals)}
+
+
+def block_metrics(args):
+    m = [("randread_iops_qd%d" % q, "4 KiB random read, QD %d, IOPS" % q) for q in args.qd]
+    return m + [("seqread_mbps", "1 MiB sequential read, MB/s"),
+                ("seqwrite_mbps", "1 MiB sequential write + flush, MB/s"),
+                ("seqwrite_mbps_nosync", "(1 MiB sequential write before the flush, MB/s)")]
+
+
+NET_METRICS = [("g2h_mbps", "guest -> host, MB/s"), ("h2g_mbps", "host -> guest, MB/s"),
+               ("g2h_mbps_guest", "(guest -> host, guest's clock, MB/s)"),
+               ("h2g_mbps_guest", "(host -> guest, guest's clock, MB/s)")]
+
+
+def summarize(args, runs):
+    summary = {"block": {}, "net": {}}
+    ratios = {"block": {}, "net": {}}
+    for mode in args.modes:
+        for vmm in args.vmms:
+            mine = [r for r in runs if r["kind"] == "block" and r["vmm"] == vmm
+                    and r["cache"] == mode]
+            ok = [r for r in mine if r["ok"]]
+            s = {"runs": len(mine), "ok": len(ok)}
+            for key, _ in block_metrics(args):
+                s[key] = stats([r[key] for r in ok])
+            summary["block"].setdefault(mode, {})[vmm] = s
+    for vmm in args.vmms:
+        mine = [r for r in runs if r["kind"] == "net" and r["vmm"] == vmm]
+        ok = [r for r in mine if r["ok"]]
+        s = {"runs": len(mine), "ok": len(ok)}
+        for key, _ in NET_METRICS:
+            s[key] = stats([r[key] for r in ok])
+        summary["net"][vmm] = s
+
+    def ratio(a, b, key):
+        if a and b and a.get(key) and b.get(key) and b[key]["median"]:
+            return a[key]["median"] / b[key]["median"]
+        return None
+
+    if "hakoniwa" in args.vmms and "qemu" in args.vmms:
+        for mode in summary["block"]:
+            hk, q = summary["block"][mode]["hakoniwa"], summary["block"][mode]["qemu"]
+            ratios["block"][mode] = {k: ratio(hk, q, k) for k, _ in block_metrics(args)}
+        if summary["net"]:
+            hk, q = summary["net"]["hakoniwa"], summary["net"]["qemu"]
+            ratios["net"] = {k: ratio(hk, q, k) for k, _ in NET_METRICS}
+    return summary, ratios
+
+
+def fmt(d, digits=0):
+    if not d:
+        return "-"
+    f = "%%.%df" % digits
+    return (f + " (" + f + "-" + f + ")") % (d["median"], d["min"], d["max"])
+
+
+def fmt_ratio(x):
+    return "-" if x is None else "%.2f" % x
+
+
+def tables(args, summary, ratios):
+    names = {"hakoniwa": "hakoniwa", "qemu": "QEMU"}
+    head = ["cache", "measure"] + [names[v] for v in args.vmms]
+    if len(args.vmms) == 2:
+        head.append("hakoniwa / QEMU")
+    block = [head]
+    for mode in summary["block"]:
+        for key, label in block_metrics(args):
+            digits = 0 if "iops" in key else 1
+            row = [mode, label] + [fmt(summary["block"][mode][v][key], digits)
+                                   for v in args.vmms]
+            if len(args.vmms) == 2:
+                row.append(fmt_ratio(ratios["block"].get(mode, {}).get(key)))
+            block.append(row)
+    if not summary["net"]:
+        return block, None
+    net = [["direction"] + [names[v] for v in args.vmms]
+           + (["hakoniwa / QEMU"] if len(args.vmms) == 2 else [])]
+    for key, label in NET_METRICS:
+        row = [label] + [fmt(summary["net"][v][key], 1) for v in args.vmms
+                         if v in summary["net"]]
+        if len(args.vmms) == 2:
+            row.append(fmt_ratio(ratios["net"].get(key)))
+        net.append(row)
+    return block, net
+
+
+# --------------------------------------------------------- environment ----
+
+def environment(args, image_info):
+    manifest = {}
+    mpath = os.path.join(os.path.dirname(args.kernel), "MANIFEST")
+    if os.path.exists(mpath):
+        with open(mpath) as f:
+            for line in f:
+                key, sep, val = line.partition(": ")
+                if sep and not key.startswith(" "):
+                    manifest[key.strip()] = val.strip()
+    rig = in_rig()
+    kind = kvm_kind()
+    if rig:
+        where, note = "rig", RIG_NOTE
+    elif kind == "hardware":
+        where, note = "host", "host with hardware KVM"
+    else:
+        where, note = "host", ("host KVM is %s, not hardware KVM: absolute figures "
+                               "mean little, compare ratios" % kind)
+    env = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "where": where,
+        "note": note,
+        "kvm": kind,
+        "host_kernel": platform.release(),
+        "cpu_model": cpu_model(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "hakoniwa_version": first_line([args.hakoniwa, "--version"]),
+        "hakoniwa_binary_sha256": sha256_file(args.hakoniwa),
+        "qemu_version": first_line([args.qemu, "--version"]),
+        "guest_kernel": os.path.relpath(args.kernel, ROOT),
+        "guest_kernel_version": bzimage_version(args.kernel),
+        "guest_kernel_package": manifest.get("kernel-package"),
+        "guest_initramfs": os.path.relpath(args.initramfs, ROOT),
+        "guest_initramfs_sha256": sha256_file(args.initramfs),
+        "guest_busybox": manifest.get("busybox-static"),
+        "guest_cmdline": CMDLINE + " hk.cmd=<base64 of the command>",
+        "vcpus": args.cpus,
+        "memory_mib": args.memory_mib,
+        "image": image_info,
+    }
+    if rig:
+        env["rig_storage"] = ("the image lives on L1's /tmp: ext4 on a virtio-blk disk of "
+                              "the rig's TCG QEMU (cache=unsafe, a sparse file on the "
+                              "machine), so L1's 'disk' is the machine's page cache "
+                              "behind an emulated device")
+    return env
+
+
+# ------------------------------------------------------------ markdown ----
+
+def write_markdown(path, result, block, net, args):
+    env = result["environment"]
+    L = ["# virtio benchmark: hakoniwa vs QEMU (virtio-blk, virtio-net)", ""]
+    L.append("Generated by `%s` on %s (%s)." % (result["command"], env["date_utc"],
+                                                 env["where"]))
+    L.append("")
+    L.append("**Context: %s.**" % env["note"])
+    L.append("")
+    if env["where"] == "rig":
+        L.append("In the rig each VMM process, its device threads, L1's page cache, the "
+                 "TAP and the host end of every TCP transfer run in L1 under TCG, and "
+                 "L1's own disk is an emulated device: device work done in the VMM's user "
+                 "space costs far more than natively, so the figures below are small and "
+                 "the ratios show the VMMs' device paths under that load, not native speed.")
+        L.append("")
+    L.append("Same guest for both VMMs: kernel %s, initramfs `%s`, %d vCPUs, %d MiB; "
+             "guest tool `hk-ioperf` (guest/tools/hk-ioperf.c), O_DIRECT on /dev/vda. "
+             "%d round(s), round-robin; median (min-max)."
+             % (env["guest_kernel_package"] or env["guest_kernel_version"],
+                env["guest_initramfs"], env["vcpus"], env["memory_mib"], result["rounds"]))
+    L.append("")
+    L.append("Ratios are median(hakoniwa) / median(QEMU): above 1, hakoniwa is faster. "
+             "MB/s = 10^6 bytes/s.")
+    L.append("")
+    if len(block) > 1:
+        L.append("## virtio-blk")
+        L.append("")
+        L.append(md_table(block))
+        L.append("")
+        L.append(SEED_002[0].upper() + SEED_002[1:] + ".")
+        L.append("")
+    if net:
+        L.append("## virtio-net (TCP over a TAP device)")
+        L.append("")
+        L.append(md_table(net))
+        L.append("")
+    im = env["image"]
+    L.append("## What is measured")
+    L.append("")
+    L.append("- **Image**: %d MiB raw file of random data (dd from /dev/urandom) on %s. "
+             "Lower %d MiB: the sequential region; upper %d MiB: the random-read region."
+             % (im["mib"], im["filesystem"], args.seq_mib, args.image_mib - args.seq_mib))
+    L.append("- **Each block run** boots the guest once with the image as /dev/vda in one "
+             "cache mode, after `sync` and `echo 3 > /proc/sys/vm/drop_caches` on the host "
+             "(cold host page cache), then runs in the guest, in this order:")
+    L.append("  - `hk-ioperf randread /dev/vda %g 4096 QD %d %d`: O_DIRECT 4 KiB reads at "
+             "uniformly random offsets in the upper region for %g s; IOPS = reads / elapsed."
+             % (args.randread_seconds, args.seq_mib, args.image_mib - args.seq_mib,
+                args.randread_seconds))
+    L.append("  - `hk-ioperf seqread /dev/vda %d`: O_DIRECT 1 MiB reads of the lower region "
+             "(cold: the random reads did not touch it)." % args.seq_mib)
+    L.append("  - `hk-ioperf seqwrite /dev/vda %d`: O_DIRECT 1 MiB writes over the lower "
+             "region, then fdatasync (a virtio-blk flush); MB/s includes the flush. With "
+             "cache=unsafe the VMM ignores the flush; with writeback it syncs the image "
+             "(written data sits in the host page cache until then); with none the writes "
+             "already went to the file with O_DIRECT. The figure before the flush is "
+             "shown in parentheses." % args.seq_mib)
+    L.append("  - a data check: the guest reads the first %d MiB of each region with dd and "
+             "prints their md5; the random-read region must match the image as created, "
+             "the sequential one the host's read of the image after the VMM exited."
+             % args.check_mib)
+    L.append("- With cache=writeback (and unsafe) the VMM reads through the host page cache: "
+             "a random read of a block read before in the same run is served from memory. "
+             "That is what these modes do; it is reported as measured.")
+    L.append("- **Each network run** creates a TAP device (host 10.213.N.1/24, guest "
+             "10.213.N.2/24, MTU 1500), boots the guest with a virtio-net NIC on it, and "
+             "the guest connects twice to the host: `hk-ioperf tcpsend` sends %d MiB "
+             "(guest -> host), then `hk-ioperf tcprecv` reads %d MiB (host -> guest). "
+             "MB/s at the host end (a Python receiver/sender in the same machine as the "
+             "VMM): from accept() to the end of the stream, or for host -> guest to the "
+             "guest's close after it read everything. The guest's own clock (from connect) "
+             "is shown in parentheses. A transfer that moves nothing for %g s stops "
+             "the VM: a failed run (\"stalled\")." % (args.net_mib, args.net_mib,
+                                                      args.stall_seconds))
+    L.append("- The VMM's CPU time (user + system, all threads, whole VM life including "
+             "boot) and wall time of each run are in virtio.json.")
+    L.append("")
+    L.append("## Command lines")
+    L.append("")
+    for name, argv in result["argv"].items():
+        L.append("- %s: `%s`" % (name, " ".join(argv)))
+    L.append("")
+    L.append("Guest command, block runs (base64 in `hk.cmd=`):")
+    L.append("")
+    L.append("```")
+    L.append(result["guest_cmd"]["block"])
+    L.append("```")
+    L.append("")
+    L.append("Guest command, network runs:")
+    L.append("")
+    L.append("```")
+    L.append(result["guest_cmd"]["net"])
+    L.append("```")
+    L.append("")
+    L.append("## Environment")
+    L.append("")
+    for k, val in env.items():
+        if isinstance(val, dict):
+            val = ", ".join("%s: %s" % kv for kv in val.items())
+        L.append("- %s: %s" % (k, val))
+    L.append("")
+    L.append("## All runs")
+    L.append("")
+    qcols = ["randread_iops_qd%d" % q for q in args.qd]
+    rows = [["round", "kind", "VMM", "cache", "ok"]
+            + ["IOPS QD%d" % q for q in args.qd]
+            + ["seqread MB/s", "seqwrite MB/s", "g2h MB/s", "h2g MB/s", "VMM CPU s",
+               "wall s", "error"]]
+    for r in result["runs"]:
+        g = lambda k, f: (f % r[k]) if r.get(k) is not None else "-"  # noqa: E731
+        rows.append([str(r["round"] + 1), r["kind"], r["vmm"], r.get("cache", "-"),
+                     "yes" if r["ok"] else "**no**"]
+                    + [g(c, "%.0f") for c in qcols]
+                    + [g("seqread_mbps", "%.1f"), g("seqwrite_mbps", "%.1f"),
+                       g("g2h_mbps", "%.1f"), g("h2g_mbps", "%.1f"),
+                       g("vmm_cpu_s", "%.1f"), g("wall_s", "%.1f"), r.get("error", "")])
+    L.append(md_table(rows))
+    L.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(L))
+
+
+# ---------------------------------------------------------------- main ----
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=3,
+                   help="rounds: runs per VMM and cache mode, and network runs per VMM "
+                        "(default 3)")
+    p.add_argument("--vmms", nargs="+", default=VMMS, choices=VMMS, metavar="VMM",
+                   help="hakoniwa and/or qemu (default both)")
+    p.add_argument("--modes", nargs="+", default=MODES, choices=MODES, metavar="MODE",
+                   help="cache modes (default: %s)" % " ".join(MODES))
+    p.add_argument("--image-mib", type=int, default=512, help="image size (default 512)")
+    p.add_argument("--seq-mib", type=int, default=256,
+                   help="sequential read/write size, the image's lower part (default 256)")
+    p.add_argument("--randread-seconds", type=float, default=10,
+                   help="random-read time per queue depth (default 10)")
+    p.add_argument("--qd", type=int, nargs="+", default=[1],
+                   help="random-read queue depths (reader threads), each a phase (default 1)")
+    p.add_argument("--check-mib", type=int, default=8,
+                   help="MiB per region read back for the md5 check (default 8)")
+    p.add_argument("--net-mib", type=int, default=256,
+                   help="MiB per direction per network run (default 256)")
+    p.add_argument("--stall-seconds", type=float, default=30,
+                   help="stop a network run whose transfer moved nothing for this "
+                        "long (default 30)")
+    p.add_argument("--no-block", action="store_true", help="skip the virtio-blk runs")
+    p.add_argument("--no-net", action="store_true", help="skip the virtio-net runs")
+    p.add_argument("--cpus", type=int, default=2, help="guest vCPUs (default 2)")
+    p.add_argument("--memory-mib", type=int, default=512)
+    p.add_argument("--timeout", type=float, default=300,
+                   help="seconds one VM may run (default 300)")
+    p.add_argument("--workdir", default="/tmp",
+                   help="where the image goes; must allow O_DIRECT (default /tmp)")
+    p.add_argument("--kernel", default=os.path.join(ROOT, "build/guest/vmlinuz"))
+    p.add_argument("--initramfs", default=os.path.join(ROOT, "build/guest/initramfs.cpio.gz"))
+    p.add_argument("--hakoniwa", default=os.path.join(ROOT, "target/release/hakoniwa"))
+    p.add_argument("--qemu", default="qemu-system-x86_64")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench/results"),
+                   help="directory for virtio.json and virtio.md")
+    args = p.parse_args()
+
+    args.vmms = [v for v in VMMS if v in args.vmms]
+    args.modes = [m for m in MODES if m in args.modes]
+    args.qd = sorted(set(args.qd))
+    if not 0 < args.seq_mib < args.image_mib:
+        sys.exit("virtio.py: --seq-mib must be below --image-mib")
+    if any(q < 1 or q > 64 for q in args.qd):
+        sys.exit("virtio.py: --qd values must be 1-64")
+    args.kernel = os.path.abspath(args.kernel)
+    args.initramfs = os.path.abspath(args.initramfs)
+    for path in (args.kernel, args.initramfs):
+        if not os.path.isfile(path):
+            sys.exit("virtio.py: %s is missing (scripts/build-guest builds it)" % path)
+    if "hakoniwa" in args.vmms and not os.access(args.hakoniwa, os.X_OK):
+        sys.exit("virtio.py: %s is missing (cargo build --release)" % args.hakoniwa)
+    if "qemu" in args.vmms and not shutil.which(args.qemu):
+        sys.exit("virtio.py: %s not found (apt-get install qemu-system-x86)" % args.qemu)
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        sys.exit("virtio.py: /dev/kvm is not usable here")
+    if os.geteuid() != 0:
+        sys.exit("virtio.py: needs root (TAP devices, drop_caches)")
+    work = tempfile.mkdtemp(prefix="hk-bench-virtio.", dir=args.workdir)
+    if not args.no_block and not check_o_direct(work):
+        shutil.rmtree(work, ignore_errors=True)
+        sys.exit("virtio.py: %s does not allow O_DIRECT (cache=none needs it); "
+                 "pick --workdir on a disk file system" % args.workdir)
+    if not args.no_net:
+        subprocess.run(["ip", "link", "set", "lo", "up"], stderr=subprocess.DEVNULL)
+
+    t_start = time.monotonic()
+    runs = []
+    try:
+        # The guest files and the image on a local file system (in the rig the
+        # project tree is 9p), the same copies for every run.
+        kernel = shutil.copy(args.kernel, os.path.join(work, "vmlinuz"))
+        initrd = shutil.copy(args.initramfs, os.path.join(work, "initramfs.cpio.gz"))
+        image = os.path.join(work, "disk.img")
+        image_info = {"mib": args.image_mib, "filesystem": fs_type(work)}
+        rand_md5 = None
+        if not args.no_block:
+            t = time.monotonic()
+            subprocess.run(["dd", "if=/dev/urandom", "of=" + image, "bs=1M",
+                            "count=%d" % args.image_mib, "status=none"], check=True)
+            os.sync()
+            image_info["create_s"] = round(time.monotonic() - t, 1)
+            rand_md5 = md5_region(image, args.seq_mib,
+                                  min(args.check_mib, args.image_mib - args.seq_mib))
+        env = environment(args, image_info)
+        print("virtio benchmark: %s" % env["note"], flush=True)
+        print("guest: %s, %d vCPUs, %d MiB; image %d MiB on %s" % (
+            env["guest_kernel_version"], args.cpus, args.memory_mib, args.image_mib,
+            image_info["filesystem"]), flush=True)
+
+        serial = 0
+        for rnd in range(args.runs):
+            label = "run %d/%d" % (rnd + 1, args.runs)
+            for mode in ([] if args.no_block else args.modes):
+                for vmm in args.vmms:
+                    r = block_run(args, vmm, mode, kernel, initrd, image, rand_md5, rnd)
+                    runs.append(r)
+                    if r["ok"]:
+                        print("%-8s block %-8s %-9s %s  seqread %6.1f MB/s  seqwrite "
+                              "%6.1f MB/s (%.1f before flush)  [VMM CPU %.1f s, %.0f s]" % (
+                                  label, vmm, mode,
+                                  "  ".join("randread QD%d %6.0f IOPS" % (
+                                      q, r["randread_iops_qd%d" % q]) for q in args.qd),
+                                  r["seqread_mbps"], r["seqwrite_mbps"],
+                                  r["seqwrite_mbps_nosync"], r["vmm_cpu_s"], r["wall_s"]),
+                              flush=True)
+                    else:
+                        print("%-8s block %-8s %-9s FAILED: %s" % (label, vmm, mode,
+                                                                  r["error"]), flush=True)
+                        print("  console tail: %r" % r["stdout_tail"][-600:], flush=True)
+                        print("  stderr tail: %r" % r["stderr_tail"][-600:], flush=True)
+            for vmm in ([] if args.no_net else args.vmms):
+                serial += 1
+                r = net_run(args, vmm, kernel, initrd, rnd, serial)
+                runs.append(r)
+                if r["ok"]:
+                    print("%-8s net   %-8s guest->host %6.1f MB/s  host->guest %6.1f MB/s  "
+                          "(guest clock %.1f / %.1f)  [VMM CPU %.1f s, %.0f s]" % (
+                              label, vmm, r["g2h_mbps"], r["h2g_mbps"], r["g2h_mbps_guest"],
+                              r["h2g_mbps_guest"], r["vmm_cpu_s"], r["wall_s"]), flush=True)
+                else:
+                    print("%-8s net   %-8s FAILED: %s" % (label, vmm, r["error"]), flush=True)
+                    print("  console tail: %r" % r["stdout_tail"][-600:], flush=True)
+                    print("  stderr tail: %r" % r["stderr_tail"][-600:], flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    summary, ratios = summarize(args, runs)
+    shown = lambda a: [("'%s'" % x) if " " in x else x for x in  # noqa: E731
+                       (os.path.relpath(x, ROOT) if x.startswith(ROOT + os.sep) else
+                        re.sub(r"hk\.cmd=\S+", "hk.cmd=BASE64", x.replace(work, "$WORK"))
+                        for x in a)]
+    argv_shown = {}
+    for vmm in args.vmms:
+        if not args.no_block:
+            argv_shown["%s, block" % vmm] = shown(vmm_argv(
+                args, vmm, args.kernel, args.initramfs, "CMD",
+                disk=(os.path.join(work, "disk.img"), "MODE")))
+        if not args.no_net:
+            argv_shown["%s, net" % vmm] = shown(vmm_argv(
+                args, vmm, args.kernel, args.initramfs, "CMD", tap="TAP"))
+    result = {
+        "benchmark": "virtio",
+        "command": "scripts/bench-virtio" + "".join(" " + a for a in sys.argv[1:]),
+        "environment": env,
+        "rounds": args.runs,
+        "vmms": args.vmms,
+        "cache_modes": [] if args.no_block else args.modes,
+        "parameters": {k: getattr(args, k) for k in (
+            "image_mib", "seq_mib", "randread_seconds", "qd", "check_mib", "net_mib",
+            "cpus", "memory_mib", "timeout", "stall_seconds")},
+        "argv": argv_shown,
+        "guest_cmd": {"block": block_cmd(args),
+                      "net": "set -e\nip link set eth0 up\nip addr add GUEST/24 dev eth0\n"
+                             "hk-ioperf tcpsend HOST %d %d\nhk-ioperf tcprecv HOST %d"
+                             % (PORT_G2H, args.net_mib, PORT_H2G)},
+        "seed_002": SEED_002,
+        "summary": summary,
+        "ratios": ratios,
+        "ratio_definition": "median(hakoniwa) / median(QEMU); above 1 means hakoniwa "
+                            "is faster",
+        "total_s": round(time.monotonic() - t_start, 1),
+        "runs": runs,
+    }
+    block, net = tables(args, summary, ratios)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "virtio.json"), "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    write_markdown(os.path.join(args.out, "virtio.md"), result, block, net, args)
+
+    print()
+    print("Context: %s." % env["note"])
+    print("Median (min-max) of %d run(s); ratio median(hakoniwa) / median(QEMU), above 1: "
+          "hakoniwa is faster." % args.runs)
+    if not args.no_block:
+        print()
+        print("virtio-blk (%s):" % SEED_002)
+        print(text_table(block))
+    if not args.no_net:
+        print()
+        print("virtio-net:")
+        print(text_table(net))
+    print()
+    print("wrote %s and %s (%.0f s)" % (
+        os.path.relpath(os.path.join(args.out, "virtio.json"), ROOT),
+        os.path.relpath(os.path.join(args.out, "virtio.md"), ROOT), result["total_s"]))
+    failed = sum(1 for r in runs if not r["ok"])
+    if failed:
+        print("virtio.py: %d run(s) failed (see above and virtio.json)" % failed,
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
