@@ -83,3 +83,35 @@ pub trait VirtioDevice: Send {
     /// Stops serving (joins the worker); the device may be activated again.
     fn reset(&mut self);
 }
+
+/// Copies `config[offset..offset+data.len()]` into `data`, zeros past the
+/// end; any offset and length are fine. Devices whose configuration space
+/// is a plain byte array answer `VirtioDevice::read_config` with it.
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Ok(start) = usize::try_from(offset) else {
+        return;
+    };
+    if start >= config.len() {
+        return;
+    }
+    let n = data.len().min(config.len() - start);
+    data[..n].copy_from_slice(&config[start..start + n]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_config_bytes;
+
+    #[test]
+    fn config_reads_are_clipped_and_zero_filled() {
+        let config = [1u8, 2, 3, 4];
+        let mut data = [0xffu8; 3];
+        read_config_bytes(&config, 2, &mut data);
+        assert_eq!(data, [3, 4, 0]);
+        read_config_bytes(&config, 4, &mut data);
+        assert_eq!(data, [0, 0, 0]);
+        read_config_bytes(&config, u64::MAX, &mut data);
+        assert_eq!(data, [0, 0, 0]);
+    }
+}

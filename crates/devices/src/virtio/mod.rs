@@ -18,7 +18,7 @@ pub mod rng;
 pub mod vsock;
 pub mod worker;
 
-pub use device::{ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt};
+pub use device::{read_config_bytes, ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt};
 pub use virtio_queue::{Queue, QueueT};
 
 /// The device's features must always include this: virtio 1.x, not legacy.

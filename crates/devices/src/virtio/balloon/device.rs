@@ -111,11 +111,7 @@ impl VirtioDevice for Balloon {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        data.fill(0);
-        let bytes = self.config_bytes();
-        if let Some((start, n)) = overlap(offset, data.len(), CONFIG_SIZE) {
-            data[..n].copy_from_slice(&bytes[start..start + n]);
-        }
+        crate::virtio::read_config_bytes(&self.config_bytes(), offset, data);
     }
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {

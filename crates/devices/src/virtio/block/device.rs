@@ -200,14 +200,7 @@ impl VirtioDevice for Block {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let start = usize::try_from(offset).ok();
-        for (i, byte) in data.iter_mut().enumerate() {
-            *byte = start
-                .and_then(|s| s.checked_add(i))
-                .and_then(|p| self.config_space.get(p))
-                .copied()
-                .unwrap_or(0);
-        }
+        crate::virtio::read_config_bytes(&self.config_space, offset, data);
     }
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {

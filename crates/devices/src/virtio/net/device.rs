@@ -160,7 +160,7 @@ impl VirtioDevice for Net {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.config, offset, data);
+        crate::virtio::read_config_bytes(&self.config, offset, data);
     }
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {
@@ -228,18 +228,4 @@ impl VirtioDevice for Net {
         // Dropping the worker stops and joins it; the queues go with it.
         self.worker = None;
     }
-}
-
-/// Copies `config[offset..offset+data.len()]` into `data`, zeros past the
-/// end; any offset and length are fine.
-pub(crate) fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
-    data.fill(0);
-    let Ok(start) = usize::try_from(offset) else {
-        return;
-    };
-    if start >= config.len() {
-        return;
-    }
-    let n = data.len().min(config.len() - start);
-    data[..n].copy_from_slice(&config[start..start + n]);
 }

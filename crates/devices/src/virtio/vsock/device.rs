@@ -133,15 +133,7 @@ impl VirtioDevice for Vsock {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         // struct virtio_vsock_config { le64 guest_cid; }; zeros beyond.
-        let config = self.cid.to_le_bytes();
-        data.fill(0);
-        let Ok(start) = usize::try_from(offset) else {
-            return;
-        };
-        if start < config.len() {
-            let n = data.len().min(config.len() - start);
-            data[..n].copy_from_slice(&config[start..start + n]);
-        }
+        crate::virtio::read_config_bytes(&self.cid.to_le_bytes(), offset, data);
     }
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {
