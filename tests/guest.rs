@@ -102,9 +102,7 @@ fn four_cpus_and_2560m() {
 #[test]
 #[ignore = "boots a real guest: run through the rig (scripts/test)"]
 fn one_cpu_and_3584m_across_the_mmio_hole() {
-    // More than 3 GiB: RAM continues above 4 GiB. (With 4 vCPUs this
-    // combination triple-faults in most rig runs: a known, open bug, see
-    // docs/running.md; QEMU boots the same guest there.)
+    // More than 3 GiB: RAM continues above 4 GiB.
     check_cpus_and_memory(1, 3584);
 }
 

@@ -95,6 +95,10 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     let supported_cpuid = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(|e| Error::Kvm("KVM_GET_SUPPORTED_CPUID", e))?;
+    // Every vCPU is created and configured before any runs: once the boot
+    // CPU runs, it may send INIT/SIPI to the others at any time, and their
+    // LAPIC and MSR setup must not land on top of that.
+    let mut vcpus = Vec::with_capacity(usize::from(config.vcpus));
     for index in 0..config.vcpus {
         let fd = vm_fd
             .create_vcpu(u64::from(index))
@@ -110,14 +114,16 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         if index == 0 {
             arch::regs::setup_boot_cpu(&fd, &memory, entry.mode)?;
         }
-        let vcpu = Vcpu {
+        vcpus.push(Vcpu {
             index,
             fd,
             pio: platform.pio.clone(),
             mmio: platform.mmio.clone(),
             control: control.clone(),
             events: events.clone(),
-        };
+        });
+    }
+    for vcpu in vcpus {
         vm.vcpu_threads
             .push(vcpu.spawn().map_err(|e| Error::Thread {
                 what: "vCPU",
