@@ -453,24 +453,37 @@ def kvm_kind():
     return "not hardware-assisted"
 
 
-def environment(args):
+def guest_manifest(kernel):
+    """build/guest/MANIFEST (beside the kernel) as a dict, {} if absent."""
     manifest = {}
-    mpath = os.path.join(os.path.dirname(args.kernel), "MANIFEST")
+    mpath = os.path.join(os.path.dirname(kernel), "MANIFEST")
     if os.path.exists(mpath):
         with open(mpath) as f:
             for line in f:
                 key, sep, val = line.partition(": ")
                 if sep and not key.startswith(" "):
                     manifest[key.strip()] = val.strip()
+    return manifest
+
+
+def placement(rig_note, measures):
+    """(rig?, KVM kind, where, note) for the results' environment section;
+    `measures` names what the benchmark reports ("times", "figures")."""
     rig = in_rig()
     kind = kvm_kind()
     if rig:
-        where, note = "rig", RIG_NOTE
+        where, note = "rig", rig_note
     elif kind == "hardware":
         where, note = "host", "host with hardware KVM"
     else:
-        where, note = "host", ("host KVM is %s, not hardware KVM: absolute times mean "
-                               "little, compare ratios" % kind)
+        where, note = "host", ("host KVM is %s, not hardware KVM: absolute %s mean "
+                               "little, compare ratios" % (kind, measures))
+    return rig, kind, where, note
+
+
+def environment(args):
+    manifest = guest_manifest(args.kernel)
+    _, kind, where, note = placement(RIG_NOTE, "times")
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "where": where,

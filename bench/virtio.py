@@ -68,8 +68,8 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from boot import (bzimage_version, cpu_model, first_line, in_rig,  # noqa: E402
-                  kvm_kind, md_table, sha256_file, text_table)
+from boot import (bzimage_version, cpu_model, first_line, guest_manifest,  # noqa: E402
+                  md_table, placement, sha256_file, text_table)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
@@ -557,23 +557,8 @@ def tables(args, summary, ratios):
 # --------------------------------------------------------- environment ----
 
 def environment(args, image_info):
-    manifest = {}
-    mpath = os.path.join(os.path.dirname(args.kernel), "MANIFEST")
-    if os.path.exists(mpath):
-        with open(mpath) as f:
-            for line in f:
-                key, sep, val = line.partition(": ")
-                if sep and not key.startswith(" "):
-                    manifest[key.strip()] = val.strip()
-    rig = in_rig()
-    kind = kvm_kind()
-    if rig:
-        where, note = "rig", RIG_NOTE
-    elif kind == "hardware":
-        where, note = "host", "host with hardware KVM"
-    else:
-        where, note = "host", ("host KVM is %s, not hardware KVM: absolute figures "
-                               "mean little, compare ratios" % kind)
+    manifest = guest_manifest(args.kernel)
+    rig, kind, where, note = placement(RIG_NOTE, "figures")
     env = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "where": where,
