@@ -72,13 +72,33 @@ struct RunArgs {
     #[arg(long, value_name = "KIND[,OPTIONS]")]
     input: Vec<String>,
     /// Offer KVM asynchronous page faults to the guest (on|off).
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    // ArgAction::Set: a bool field would otherwise be a flag (SetTrue).
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off,
+          action = clap::ArgAction::Set)]
     async_pf: bool,
     /// Shadow-paging budget in 4 KiB pages (KVM_SET_NR_MMU_PAGES), or auto
     /// to size it from the guest's page tables (needs --vsock and the guest
     /// agent; docs/shadow-paging.md). Default: KVM's own.
     #[arg(long, value_name = "N|auto")]
     spt_pages: Option<String>,
+    /// Write metrics to this file or FIFO: one JSON object per line
+    /// (mmu, kvm, ...) every --metrics-interval (docs/running.md).
+    #[arg(long, value_name = "PATH")]
+    metrics: Option<PathBuf>,
+    /// Seconds between metrics lines, fractions allowed (default 1).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        requires = "metrics",
+        allow_hyphen_values = true
+    )]
+    metrics_interval: Option<String>,
+    /// A virtual display served over VNC (docs/display.md):
+    /// vnc=[HOST]:PORT[,width=1024,height=768][,layout=linear|tiled]
+    /// [,dirty=compare|dirtylog|wp][,refresh=timer|event][,password=..]
+    /// [,websocket=[HOST:]PORT]
+    #[arg(long, value_name = "OPTIONS")]
+    display: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -104,6 +124,16 @@ enum CtlCommandArg {
         /// New budget: a number of 4 KiB pages, or auto.
         #[arg(long, value_name = "N|auto")]
         spt_pages: Option<api::SptPages>,
+    },
+    /// Show the display's configuration and figures, or switch its update
+    /// detection or refresh mode at run time.
+    Display {
+        /// Update detection: compare, dirtylog or wp.
+        #[arg(long, value_name = "METHOD", value_parser = parse_dirty)]
+        dirty: Option<api::DirtyDetection>,
+        /// Refresh: timer or event.
+        #[arg(long, value_name = "MODE", value_parser = parse_refresh)]
+        refresh: Option<api::RefreshTrigger>,
     },
     /// Check that the VMM answers.
     Ping,
@@ -174,9 +204,15 @@ fn usage_error(e: clap::Error) -> ExitCode {
         };
     }
     let rendered = e.render().to_string();
-    let first = rendered.lines().next().unwrap_or("invalid arguments");
+    let mut lines = rendered.lines();
+    let first = lines.next().unwrap_or("invalid arguments");
     let first = first.strip_prefix("error: ").unwrap_or(first);
-    eprintln!("hakoniwa: {first} (see hakoniwa --help)");
+    // "...were not provided:" names the arguments on the next line.
+    let what = match lines.next().map(str::trim) {
+        Some(next) if first.ends_with(':') && !next.is_empty() => format!("{first} {next}"),
+        _ => first.to_string(),
+    };
+    eprintln!("hakoniwa: {what} (see hakoniwa --help)");
     ExitCode::from(2)
 }
 
@@ -203,6 +239,16 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
             vmm::mmu::MmuError::AutoNeedsVsock
         ));
     }
+    let metrics = match args.metrics {
+        Some(path) => Some(vmm::metrics::MetricsConfig {
+            path,
+            interval: match &args.metrics_interval {
+                Some(text) => vmm::metrics::parse_interval(text).map_err(|e| e.to_string())?,
+                None => vmm::metrics::DEFAULT_INTERVAL,
+            },
+        }),
+        None => None,
+    };
     let (kernel, initramfs) = match args.kernel {
         Some(kernel) => (kernel, args.initramfs),
         None => {
@@ -230,6 +276,8 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
         api_socket: args.api_socket,
         async_pf: args.async_pf,
         spt_budget,
+        metrics,
+        display: args.display,
         virtio: VirtioConfig {
             disks: args.disk,
             nets: args.net,
@@ -273,10 +321,34 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
         CtlCommandArg::Mmu {
             spt_pages: Some(pages),
         } => api::CtlCommand::MmuSet(pages),
+        CtlCommandArg::Display {
+            dirty: None,
+            refresh: None,
+        } => api::CtlCommand::Display,
+        CtlCommandArg::Display { dirty, refresh } => {
+            api::CtlCommand::DisplaySet(api::DisplaySettings { dirty, refresh })
+        }
     };
     let output = api::run_ctl(&args.api_socket, &command).map_err(|e| e.to_string())?;
     if !output.is_empty() {
         println!("{output}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn parse_dirty(text: &str) -> Result<api::DirtyDetection, String> {
+    match text {
+        "compare" => Ok(api::DirtyDetection::Compare),
+        "dirtylog" => Ok(api::DirtyDetection::Dirtylog),
+        "wp" => Ok(api::DirtyDetection::Wp),
+        _ => Err(format!("'{text}' is not compare, dirtylog or wp")),
+    }
+}
+
+fn parse_refresh(text: &str) -> Result<api::RefreshTrigger, String> {
+    match text {
+        "timer" => Ok(api::RefreshTrigger::Timer),
+        "event" => Ok(api::RefreshTrigger::Event),
+        _ => Err(format!("'{text}' is not timer or event")),
+    }
 }

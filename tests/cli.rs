@@ -159,3 +159,56 @@ fn ctl_without_a_running_vmm() {
         "cannot connect to API socket",
     );
 }
+
+#[test]
+fn bad_metrics_paths_and_intervals() {
+    let kernel = fake_bzimage();
+    let kernel = kernel.to_str().unwrap();
+    // A missing directory: one line, before any VM exists, and no file.
+    let (code, stderr) = expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel,
+            "--metrics",
+            "/nonexistent-hakoniwa-dir/metrics.json",
+        ],
+        "--metrics /nonexistent-hakoniwa-dir/metrics.json: no such directory: /nonexistent-hakoniwa-dir",
+    );
+    assert_eq!(code, 125, "{stderr}");
+    assert!(!std::path::Path::new("/nonexistent-hakoniwa-dir").exists());
+    // A directory is not a metrics file.
+    let dir = temp_dir();
+    expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel,
+            "--metrics",
+            dir.to_str().unwrap(),
+        ],
+        "is a directory, not a file or FIFO",
+    );
+    let file = temp_dir().join("metrics.json");
+    let file = file.to_str().unwrap();
+    for interval in ["0", "-1", "soon", "99999"] {
+        expect_error(
+            &[
+                "run",
+                "--kernel",
+                kernel,
+                "--metrics",
+                file,
+                "--metrics-interval",
+                interval,
+            ],
+            "--metrics-interval",
+        );
+    }
+    // An interval without a file is a usage error that names --metrics.
+    let (code, _) = expect_error(
+        &["run", "--kernel", kernel, "--metrics-interval", "1"],
+        "not provided: --metrics <PATH>",
+    );
+    assert_eq!(code, 2);
+}

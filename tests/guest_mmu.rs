@@ -175,3 +175,80 @@ fn auto_follows_the_guest_page_tables() {
     assert_eq!(vmm.wait_exit(Duration::from_secs(60)).code(), Some(0));
     assert!(!std::path::Path::new(&format!("{uds}_1024")).exists());
 }
+
+/// The lines of a metrics file so far, parsed.
+fn metrics_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect()
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn the_metrics_file_gets_a_line_every_interval() {
+    require_hardware_kvm();
+    let path = std::env::temp_dir().join(format!("hakoniwa-metrics-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let mut vmm = Vmm::spawn(&[
+        "run",
+        "--spt-pages",
+        "2000",
+        "--metrics",
+        path.to_str().unwrap(),
+    ]);
+    vmm.wait_for(PROMPT);
+    // The guest works (console output is I/O exits) while lines accumulate
+    // at the default interval of 1 s.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metrics_lines(&path).len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "fewer than 4 metrics lines in 60 s: {:?}",
+            std::fs::read_to_string(&path)
+        );
+        assert_eq!(vmm.shell("echo $((6*7))").trim(), "42");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    vmm.send("poweroff\n");
+    assert_eq!(vmm.wait_exit(Duration::from_secs(60)).code(), Some(0));
+
+    let lines = metrics_lines(&path);
+    assert!(lines.len() >= 5, "{lines:?}");
+    let mut last_ts = 0;
+    let mut last_exits = 0;
+    for line in &lines {
+        let ts = line["ts_ms"].as_u64().unwrap_or_else(|| panic!("{line}"));
+        assert!(ts >= last_ts, "{line}");
+        last_ts = ts;
+        let mmu = &line["mmu"];
+        assert!(
+            ["shadow", "npt", "ept"].contains(&mmu["paging"].as_str().unwrap_or("")),
+            "{line}"
+        );
+        assert_eq!(mmu["mode"], "fixed", "{line}");
+        assert_eq!(mmu["kvm_nr_mmu_pages"], 2000, "{line}");
+        assert!(mmu["stats"]
+            .as_object()
+            .is_some_and(|s| s.contains_key("mmu_cache_miss")));
+        let kvm = &line["kvm"];
+        assert_eq!(kvm["vcpus"], 1, "{line}");
+        for counter in ["io_exits", "halt_exits", "pf_fixed"] {
+            assert!(kvm[counter].is_u64(), "no {counter}: {line}");
+        }
+        let exits = kvm["exits"].as_u64().unwrap_or_else(|| panic!("{line}"));
+        assert!(exits >= last_exits, "exits went down: {line}");
+        last_exits = exits;
+    }
+    let first = lines[0]["kvm"]["exits"].as_u64().unwrap();
+    assert!(
+        last_exits > first,
+        "exits did not grow: {first} -> {last_exits}"
+    );
+    // About one line a second (the last one is written as the VM ends).
+    let span =
+        lines[lines.len() - 2]["ts_ms"].as_u64().unwrap() - lines[0]["ts_ms"].as_u64().unwrap();
+    let per_line = span / (lines.len() as u64 - 2).max(1);
+    assert!((500..=3000).contains(&per_line), "{per_line} ms a line");
+    let _ = std::fs::remove_file(&path);
+}

@@ -115,10 +115,12 @@ static void member(int index, int in, int out, size_t bytes, int procs, long sec
 		for (size_t i = 0; i < pages; i++)
 			set[i * 4096] += round;
 		if (index == 0) {
-			if (token == (uint64_t)warmup) {
+			/* Member 0 sees every PROCS-th token: start at the first
+			 * one past the warm-up, whatever WARMUP_PASSES is. */
+			if (start_token == 0 && token >= (uint64_t)warmup) {
 				start = now();
 				start_token = token;
-			} else if (token > (uint64_t)warmup && now() - start >= seconds) {
+			} else if (start_token != 0 && now() - start >= seconds) {
 				double elapsed = now() - start;
 				uint64_t passes = token - start_token;
 

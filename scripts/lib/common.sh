@@ -66,6 +66,14 @@ hk_need() {
 		hk_die "apt-get install ${missing[*]} failed"
 }
 
+# hk_build_deps  installs what `cargo build` needs beyond the Rust toolchain:
+# libclang for the bindgen run of userfaultfd-sys (the userfaultfd crate's
+# kernel bindings, used by the display's write-protect tracker).
+hk_build_deps() {
+	compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null ||
+		hk_need libclang-dev:/nonexistent/libclang
+}
+
 # Functions below that may run apt-get update return their result in REPLY
 # rather than on stdout: a $(...) subshell would forget that the update ran.
 

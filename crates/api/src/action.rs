@@ -105,6 +105,44 @@ pub enum ApiAction {
     MmuInfo,
     /// Change the shadow-page budget; answered with [`ApiResponse::Empty`].
     MmuSet(MmuSettings),
+    /// The display's configuration and figures; answered with
+    /// [`ApiResponse::Display`].
+    DisplayInfo,
+    /// Switch the display's update detection and/or refresh mode at run
+    /// time; answered with [`ApiResponse::Empty`].
+    DisplaySet(DisplaySettings),
+}
+
+/// How the display finds framebuffer updates (docs/display.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirtyDetection {
+    /// Compare the whole framebuffer with a copy every period (baseline).
+    Compare,
+    /// KVM's dirty log of the framebuffer slot (dirty bits).
+    Dirtylog,
+    /// userfaultfd write protection (write exceptions).
+    Wp,
+}
+
+/// What ends a display refresh period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RefreshTrigger {
+    /// The adaptive timer only.
+    Timer,
+    /// The timer, or the guest's first write after an idle stretch.
+    Event,
+}
+
+/// Body of `PUT /api/v1/vm.display`: what to change (absent: unchanged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DisplaySettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirty: Option<DirtyDetection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<RefreshTrigger>,
 }
 
 /// A shadow-paging budget as the API takes it: a number of 4 KiB pages, or
@@ -233,6 +271,9 @@ pub enum ApiResponse {
     Balloon(BalloonInfo),
     /// Answer to [`ApiAction::MmuInfo`].
     Mmu(MmuInfo),
+    /// Answer to [`ApiAction::DisplayInfo`]: the display's metrics object
+    /// (docs/display.md lists the fields).
+    Display(serde_json::Value),
 }
 
 /// Refusal or failure of an [`ApiAction`], carrying the HTTP status to send.

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::action::{ApiAction, BalloonTarget, ErrorBody, MmuSettings, SptPages};
+use crate::action::{ApiAction, BalloonTarget, DisplaySettings, ErrorBody, MmuSettings, SptPages};
 use crate::http::{self, is_timeout, parse_response_head, read_more, write_all_by};
 use crate::Error;
 
@@ -200,11 +200,15 @@ pub enum CtlCommand {
     Mmu,
     /// Set the shadow-page budget.
     MmuSet(SptPages),
+    /// Print the display's configuration and figures.
+    Display,
+    /// Switch the display's update detection and/or refresh mode.
+    DisplaySet(DisplaySettings),
 }
 
 impl CtlCommand {
     /// Every command that takes no argument, for help texts and parsers.
-    pub const ALL: [CtlCommand; 7] = [
+    pub const ALL: [CtlCommand; 8] = [
         CtlCommand::Ping,
         CtlCommand::Info,
         CtlCommand::Pause,
@@ -212,6 +216,7 @@ impl CtlCommand {
         CtlCommand::Shutdown,
         CtlCommand::Balloon,
         CtlCommand::Mmu,
+        CtlCommand::Display,
     ];
 
     /// The command's name on the command line.
@@ -224,6 +229,7 @@ impl CtlCommand {
             CtlCommand::Shutdown => "shutdown",
             CtlCommand::Balloon | CtlCommand::BalloonSet(_) => "balloon",
             CtlCommand::Mmu | CtlCommand::MmuSet(_) => "mmu",
+            CtlCommand::Display | CtlCommand::DisplaySet(_) => "display",
         }
     }
 
@@ -241,6 +247,8 @@ impl CtlCommand {
             }
             CtlCommand::Mmu => ApiAction::MmuInfo,
             CtlCommand::MmuSet(spt_pages) => ApiAction::MmuSet(MmuSettings { spt_pages }),
+            CtlCommand::Display => ApiAction::DisplayInfo,
+            CtlCommand::DisplaySet(settings) => ApiAction::DisplaySet(settings),
         }
     }
 
@@ -256,6 +264,8 @@ impl CtlCommand {
             CtlCommand::BalloonSet(_) => "balloon target set",
             CtlCommand::Mmu => "no MMU information returned",
             CtlCommand::MmuSet(_) => "shadow-page budget set",
+            CtlCommand::Display => "no display information returned",
+            CtlCommand::DisplaySet(_) => "display switched",
         }
     }
 }

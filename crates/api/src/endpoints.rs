@@ -167,6 +167,8 @@ routes! {
     Put "/api/v1/vm.balloon"  => BalloonSet(target);
     Get "/api/v1/vm.mmu"      => MmuInfo;
     Put "/api/v1/vm.mmu"      => MmuSet(settings);
+    Get "/api/v1/vm.display"  => DisplayInfo;
+    Put "/api/v1/vm.display"  => DisplaySet(settings);
 }
 
 /// Result of looking a request up in [`ROUTES`].
@@ -228,6 +230,11 @@ mod tests {
             ApiAction::MmuInfo,
             ApiAction::MmuSet(crate::action::MmuSettings {
                 spt_pages: crate::action::SptPages::Auto,
+            }),
+            ApiAction::DisplayInfo,
+            ApiAction::DisplaySet(crate::action::DisplaySettings {
+                dirty: Some(crate::action::DirtyDetection::Wp),
+                refresh: None,
             }),
         ];
         assert_eq!(actions.len(), ROUTES.len());

@@ -51,8 +51,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use action::{
-    ApiAction, ApiError, ApiResponse, BalloonInfo, BalloonTarget, DeviceInfo, ErrorBody, MmuInfo,
-    MmuSettings, SptPages, VmController, VmInfo, VmState, VmmVersion,
+    ApiAction, ApiError, ApiResponse, BalloonInfo, BalloonTarget, DeviceInfo, DirtyDetection,
+    DisplaySettings, ErrorBody, MmuInfo, MmuSettings, RefreshTrigger, SptPages, VmController,
+    VmInfo, VmState, VmmVersion,
 };
 pub use client::{run_ctl, CtlCommand};
 pub use server::{ApiServer, ServerOptions};

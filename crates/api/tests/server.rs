@@ -97,6 +97,8 @@ impl VmController for FakeVmm {
             ApiAction::MmuInfo | ApiAction::MmuSet(_) => {
                 Err(ApiError::not_implemented("no MMU in the fake VMM"))
             }
+            ApiAction::DisplayInfo => Ok(ApiResponse::Display(serde_json::json!({"dirty": "wp"}))),
+            ApiAction::DisplaySet(_) => Ok(ApiResponse::Empty),
         }
     }
 }

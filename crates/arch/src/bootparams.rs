@@ -3,7 +3,7 @@
 
 use linux_loader::configurator::pvh::PvhBootConfigurator;
 use linux_loader::configurator::{linux::LinuxBootConfigurator, BootConfigurator, BootParams};
-use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header};
+use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, screen_info, setup_header};
 use linux_loader::loader::elf::start_info::{
     hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info,
 };
@@ -69,6 +69,48 @@ pub struct BootInputs {
     pub initramfs: Option<(u64, u64)>,
     pub rsdp_addr: u64,
     pub mem_size: u64,
+    /// A linear framebuffer to describe in `screen_info`, if any.
+    pub framebuffer: Option<LinearFramebuffer>,
+}
+
+/// A 32 bpp XRGB framebuffer the guest finds through `screen_info`, the
+/// way a BIOS reports a VESA linear framebuffer: the stock kernel's vesafb
+/// drives it (/dev/fb0, fbcon) with no driver of ours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearFramebuffer {
+    pub address: u64,
+    pub width: u16,
+    pub height: u16,
+    /// Bytes per row.
+    pub stride: u32,
+    /// Bytes of framebuffer memory.
+    pub size: u64,
+}
+
+/// `screen_info.orig_video_isVGA` for a VESA linear framebuffer.
+const VIDEO_TYPE_VLFB: u8 = 0x23;
+/// `screen_info.capabilities` bit 1: the kernel reads it as "ext_lfb_base
+/// holds address bits 32..63" and vesafb as the VBE "not VGA compatible"
+/// bit. Both are what we mean: no VGA registers to program, and a base that
+/// is whole (ext_lfb_base is 0 below 4 GiB).
+const VIDEO_CAPABILITY_64BIT_BASE_NOT_VGA: u32 = 1 << 1;
+
+/// Fills `screen_info` for `fb`.
+fn describe_framebuffer(info: &mut screen_info, fb: &LinearFramebuffer) {
+    info.orig_video_isVGA = VIDEO_TYPE_VLFB;
+    info.lfb_width = fb.width;
+    info.lfb_height = fb.height;
+    info.lfb_depth = 32;
+    info.lfb_linelength = fb.stride as u16;
+    info.lfb_base = fb.address as u32;
+    info.ext_lfb_base = (fb.address >> 32) as u32;
+    // vesafb reads the size in 64 KiB units.
+    info.lfb_size = fb.size.div_ceil(64 << 10) as u32;
+    (info.red_size, info.red_pos) = (8, 16);
+    (info.green_size, info.green_pos) = (8, 8);
+    (info.blue_size, info.blue_pos) = (8, 0);
+    (info.rsvd_size, info.rsvd_pos) = (8, 24);
+    info.capabilities = VIDEO_CAPABILITY_64BIT_BASE_NOT_VGA;
 }
 
 const KERNEL_BOOT_FLAG_MAGIC: u16 = 0xaa55;
@@ -100,6 +142,9 @@ pub fn write_zero_page<M: GuestMemoryBackend>(
         params.hdr.ramdisk_size = size as u32;
     }
     params.acpi_rsdp_addr = inputs.rsdp_addr;
+    if let Some(fb) = &inputs.framebuffer {
+        describe_framebuffer(&mut params.screen_info, fb);
+    }
 
     let map = memory_map(inputs.mem_size);
     if map.len() > params.e820_table.len() {
@@ -196,6 +241,7 @@ mod tests {
             initramfs: Some((0x0800_0000, 0x1234)),
             rsdp_addr: 0xe0000,
             mem_size: 512 << 20,
+            framebuffer: None,
         };
         let addr = write_zero_page(&mem, None, &inputs).unwrap();
         let params: boot_params = mem.read_obj(GuestAddress(addr)).unwrap();
@@ -208,6 +254,42 @@ mod tests {
         assert_eq!(params.e820_entries, 3);
         let last = params.e820_table[2];
         assert_eq!({ last.addr } + { last.size }, 512 << 20);
+        assert_eq!(
+            params.screen_info.orig_video_isVGA, 0,
+            "no display, no screen"
+        );
+    }
+
+    #[test]
+    fn zero_page_describes_the_framebuffer_as_vesa_lfb() {
+        let mem: GuestMemoryMmap =
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let inputs = BootInputs {
+            cmdline_addr: 0x20000,
+            cmdline_len: 12,
+            initramfs: None,
+            rsdp_addr: 0xe0000,
+            mem_size: 512 << 20,
+            framebuffer: Some(LinearFramebuffer {
+                address: 0xe000_0000,
+                width: 1024,
+                height: 768,
+                stride: 4096,
+                size: 3 << 20,
+            }),
+        };
+        let addr = write_zero_page(&mem, None, &inputs).unwrap();
+        let params: boot_params = mem.read_obj(GuestAddress(addr)).unwrap();
+        let si = params.screen_info;
+        assert_eq!(si.orig_video_isVGA, VIDEO_TYPE_VLFB);
+        assert_eq!(
+            ({ si.lfb_width }, { si.lfb_height }, { si.lfb_depth }),
+            (1024, 768, 32)
+        );
+        assert_eq!(({ si.lfb_base }, { si.ext_lfb_base }), (0xe000_0000, 0));
+        assert_eq!({ si.lfb_linelength }, 4096);
+        assert_eq!({ si.lfb_size }, 48, "3 MiB in 64 KiB units");
+        assert_eq!((si.red_pos, si.green_pos, si.blue_pos), (16, 8, 0));
     }
 
     #[test]
@@ -220,6 +302,7 @@ mod tests {
             initramfs: Some((0x0900_0000, 0x4000)),
             rsdp_addr: 0xe0000,
             mem_size: 1 << 30,
+            framebuffer: None,
         };
         let addr = write_pvh_start_info(&mem, &inputs).unwrap();
         let info: hvm_start_info = mem.read_obj(GuestAddress(addr)).unwrap();

@@ -12,7 +12,9 @@
 //! 0x000e_0000  ACPI tables (RSDP first, so a BIOS-area scan finds it)
 //! 0x000f_fff0  reset vector: a stub that asks the VMM for a reset
 //! 0x0010_0000  kernel load address, RAM up to 3 GiB
-//! 0xc000_0000  32-bit MMIO hole (device BARs, IOAPIC, LAPIC) to 4 GiB
+//! 0xc000_0000  32-bit MMIO hole to 4 GiB: PCI BARs up to 0xdfff_ffff,
+//! 0xe000_0000  the display's framebuffer (its own KVM slot), then
+//!              IOAPIC, LAPIC and KVM's TSS near the top
 //! 0x1_0000_0000 RAM above 4 GiB, if the guest has more than 3 GiB
 //! ```
 
@@ -52,6 +54,12 @@ pub const HIMEM_START: u64 = 0x100000;
 pub const MMIO_HOLE_START: u64 = 0xc000_0000;
 /// End (exclusive) of the 32-bit MMIO hole.
 pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
+/// The display's framebuffer (when there is one): after the PCI memory
+/// window, outside every BAR, and reported to the guest through the zero
+/// page's `screen_info`.
+pub const FRAMEBUFFER_START: u64 = 0xe000_0000;
+/// Room for the framebuffer (4096x4096 at 32 bpp is 64 MiB).
+pub const FRAMEBUFFER_MAX_SIZE: u64 = 0x1000_0000;
 /// IOAPIC registers (fixed by convention).
 pub const IOAPIC_START: u64 = 0xfec0_0000;
 /// Local APIC registers (fixed by convention).
@@ -90,6 +98,7 @@ const _: () = {
     assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
     assert!(ACPI_TABLES_END <= RESET_VECTOR);
     assert!(RESET_VECTOR + 16 <= HIMEM_START);
+    assert!(FRAMEBUFFER_START + FRAMEBUFFER_MAX_SIZE <= IOAPIC_START);
 };
 
 #[cfg(test)]

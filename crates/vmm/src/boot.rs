@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use arch::bootparams::{write_pvh_start_info, write_zero_page, BootInputs};
+use arch::bootparams::{write_pvh_start_info, write_zero_page, BootInputs, LinearFramebuffer};
 use arch::layout::{low_ram_end, CMDLINE_MAX_SIZE, CMDLINE_START, HIMEM_START};
 use arch::regs::EntryMode;
 use linux_loader::cmdline::Cmdline;
@@ -158,6 +158,7 @@ pub fn load_boot_images(
     initramfs: Option<&Path>,
     cmdline: &str,
     rsdp_addr: u64,
+    framebuffer: Option<LinearFramebuffer>,
 ) -> Result<BootEntry, Error> {
     let format = detect_kernel_format(kernel)?;
     let mut kernel_file = open(kernel, "kernel")?;
@@ -190,10 +191,17 @@ pub fn load_boot_images(
         initramfs,
         rsdp_addr,
         mem_size,
+        framebuffer,
     };
 
-    match (format, loaded.pvh_boot_cap) {
-        (KernelFormat::Elf, PvhBootCapability::PvhEntryPresent(entry)) => {
+    // PVH's start info has no screen description, so a VM with a display
+    // enters an ELF kernel through its 64-bit entry and the zero page.
+    let pvh = match loaded.pvh_boot_cap {
+        PvhBootCapability::PvhEntryPresent(entry) if inputs.framebuffer.is_none() => Some(entry),
+        _ => None,
+    };
+    match (format, pvh) {
+        (KernelFormat::Elf, Some(entry)) => {
             let start_info = write_pvh_start_info(mem, &inputs)?;
             Ok(BootEntry {
                 mode: EntryMode::Pvh {

@@ -31,6 +31,11 @@ pub struct VmConfig {
     pub virtio: VirtioConfig,
     /// Shadow-paging budget (`--spt-pages`; docs/shadow-paging.md).
     pub spt_budget: crate::mmu::SptBudget,
+    /// Periodic metrics file (`--metrics`, `--metrics-interval`).
+    pub metrics: Option<crate::metrics::MetricsConfig>,
+    /// `--display vnc=..,...` (docs/display.md), checked by the display's
+    /// own parser.
+    pub display: Option<String>,
 }
 
 /// Virtio devices as the command line gives them: each a `key=value,...`

@@ -7,10 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api::{
-    ApiAction, ApiError, ApiResponse, ApiServer, BalloonInfo, DeviceInfo, VmController, VmInfo,
-    VmState, VmmVersion,
+    ApiAction, ApiError, ApiResponse, ApiServer, BalloonInfo, DeviceInfo, DirtyDetection,
+    DisplaySettings, RefreshTrigger, VmController, VmInfo, VmState, VmmVersion,
 };
 use devices::virtio::balloon::BalloonControl;
+use display::dirty::DirtyMethod;
+use display::refresh::RefreshMode;
+use display::DisplayControl;
 
 use crate::boot::BootProtocol;
 use crate::event::{EventSender, VmmEvent};
@@ -65,6 +68,7 @@ pub struct VmControl {
     shutting_down: AtomicBool,
     balloon: Option<Arc<BalloonControl>>,
     mmu: Option<Arc<MmuControl>>,
+    display: Option<Arc<DisplayControl>>,
 }
 
 // SAFETY: pthread_t is an opaque thread id (an integer on Linux); it is
@@ -89,7 +93,55 @@ impl VmControl {
             shutting_down: AtomicBool::new(false),
             balloon,
             mmu: None,
+            display: None,
         }
+    }
+
+    /// Serves `vm.display` from `display`.
+    pub fn with_display(mut self, display: Option<Arc<DisplayControl>>) -> Self {
+        self.display = display;
+        self
+    }
+
+    fn display(&self) -> Result<&DisplayControl, ApiError> {
+        self.display
+            .as_deref()
+            .ok_or_else(|| ApiError::conflict("the VM has no display (start it with --display)"))
+    }
+
+    /// The display's metrics plus KVM's exit and fault counters (summed
+    /// over vCPUs), which the paper's table 3 compares between methods.
+    fn display_info(&self) -> Result<ApiResponse, ApiError> {
+        let metrics = self.display()?.metrics();
+        let mut value = serde_json::to_value(&metrics)
+            .map_err(|e| ApiError::internal(format!("display metrics: {e}")))?;
+        if let (Some(mmu), Some(object)) = (&self.mmu, value.as_object_mut()) {
+            let info = mmu.info();
+            object.insert("kvm".into(), serde_json::json!(info.vcpu_stats));
+            object.insert("kvm_vm".into(), serde_json::json!(info.stats));
+        }
+        Ok(ApiResponse::Display(value))
+    }
+
+    fn display_set(&self, settings: DisplaySettings) -> Result<ApiResponse, ApiError> {
+        let dirty = settings.dirty.map(|d| match d {
+            DirtyDetection::Compare => DirtyMethod::Compare,
+            DirtyDetection::Dirtylog => DirtyMethod::DirtyLog,
+            DirtyDetection::Wp => DirtyMethod::Wp,
+        });
+        let refresh = settings.refresh.map(|r| match r {
+            RefreshTrigger::Timer => RefreshMode::Timer,
+            RefreshTrigger::Event => RefreshMode::Event,
+        });
+        if dirty.is_none() && refresh.is_none() {
+            return Err(ApiError::bad_request(
+                "nothing to change: give dirty and/or refresh",
+            ));
+        }
+        self.display()?
+            .reconfigure(dirty, refresh)
+            .map(|()| ApiResponse::Empty)
+            .map_err(ApiError::conflict)
     }
 
     /// Serves `vm.mmu` from `mmu`.
@@ -221,6 +273,8 @@ impl VmController for VmControl {
                         _ => ApiError::conflict(e.to_string()),
                     })
             }
+            ApiAction::DisplayInfo => self.display_info(),
+            ApiAction::DisplaySet(settings) => self.display_set(settings),
         }
     }
 }

@@ -10,14 +10,17 @@
 //! - [`console`], [`signals`], [`controller`]: the ways the outside world
 //!   talks to a running VM (terminal, Unix signals, control API);
 //! - [`event`]: why a VM ends, and hakoniwa's exit status for it;
-//! - [`mmu`], [`stats`]: the shadow-paging budget and KVM's statistics.
+//! - [`mmu`], [`stats`]: the shadow-paging budget and KVM's statistics;
+//! - [`metrics`]: the periodic metrics file (`--metrics`).
 
 pub mod boot;
 pub mod config;
 pub mod console;
 pub mod controller;
+pub mod display;
 pub mod event;
 pub mod memory;
+pub mod metrics;
 pub mod mmu;
 pub mod platform;
 pub mod signals;
@@ -86,4 +89,6 @@ pub enum Error {
     Arch(#[from] arch::Error),
     #[error("--spt-pages: {0}")]
     Mmu(#[from] mmu::MmuError),
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
 }

@@ -281,7 +281,7 @@ pub struct MmuControl {
     memory_bytes: u64,
     paging: PagingMode,
     state: Mutex<MmuState>,
-    stats: VmStats,
+    stats: Arc<VmStats>,
     /// Whether an [`AgentListener`] serves this VM.
     agent: AtomicBool,
 }
@@ -294,7 +294,7 @@ impl MmuControl {
         memory_bytes: u64,
         budget: SptBudget,
     ) -> Result<MmuControl, MmuError> {
-        let stats = VmStats::new(vm.as_ref());
+        let stats = Arc::new(VmStats::new(vm.as_ref()));
         let control = MmuControl {
             memory_bytes,
             paging: paging_mode(),
@@ -315,6 +315,11 @@ impl MmuControl {
 
     pub fn stats(&self) -> &VmStats {
         &self.stats
+    }
+
+    /// The same statistics, shared (the metrics file's "kvm" source).
+    pub fn shared_stats(&self) -> Arc<VmStats> {
+        self.stats.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, MmuState> {

@@ -351,6 +351,11 @@ impl VmStats {
         }
     }
 
+    /// How many vCPUs' statistics are read.
+    pub fn vcpu_count(&self) -> usize {
+        self.vcpus.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// Whether KVM gave us binary statistics at all.
     pub fn available(&self) -> bool {
         self.vm.is_some()

@@ -12,6 +12,7 @@ use arch::cpuid::{patch_cpuid, CpuidOptions};
 use arch::layout::{KVM_IDENTITY_MAP_ADDRESS, KVM_TSS_ADDRESS};
 use arch::reset_vector::write_reset_vector;
 use devices::ExitNotifier;
+use display::DisplayConfig;
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VmFd};
 
@@ -22,8 +23,10 @@ use crate::boot::{check_boot_files, load_boot_images};
 use crate::config::{format_size, VmConfig};
 use crate::console::{spawn_input_thread, RawTerminal};
 use crate::controller::{VmControl, VmDescription};
+use crate::display::{boot_framebuffer, default_inputs, layout_cmdline_word, start_display};
 use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
 use crate::memory::{create_guest_memory, register_guest_memory, GuestMemoryMmap};
+use crate::metrics::{MetricsSink, MetricsSource, MetricsWriter};
 use crate::mmu::{AgentListener, MmuControl, SptBudget};
 use crate::platform::{create_virtio_devices, Platform};
 use crate::vcpu::{install_kick_handler, kick_signal, Desired, RunControl, Vcpu};
@@ -47,7 +50,19 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         config.initramfs.as_deref(),
         config.memory_bytes,
     )?;
-    let mut virtio_devices = create_virtio_devices(&config.virtio)?;
+    let display_config = parse_display(config)?;
+    let mut virtio_config = config.virtio.clone();
+    if let Some(display) = &display_config {
+        if virtio_config.inputs.is_empty() {
+            virtio_config.inputs = default_inputs(display);
+        }
+    }
+    let mut virtio_devices = create_virtio_devices(&virtio_config)?;
+    // The metrics file, opened before any KVM work so a bad path fails early.
+    let metrics_sink = match &config.metrics {
+        Some(metrics) => Some(MetricsSink::open(&metrics.path)?),
+        None => None,
+    };
 
     let (events, ending) = channel();
     let control = Arc::new(RunControl::default());
@@ -55,6 +70,16 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     let vm_fd = Arc::new(create_vm(&kvm)?);
     let memory = create_guest_memory(config.memory_bytes)?;
     register_guest_memory(&vm_fd, &memory)?;
+    // The framebuffer takes the memory slot after RAM's.
+    let display = match &display_config {
+        Some(c) => Some(start_display(
+            c,
+            &vm_fd,
+            arch::layout::ram_regions(config.memory_bytes).len() as u32,
+            &virtio_devices.inputs,
+        )?),
+        None => None,
+    };
     // The shadow-page budget, before any vCPU runs (docs/shadow-paging.md).
     let mmu = Arc::new(MmuControl::new(
         vm_fd.clone(),
@@ -71,7 +96,10 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     let rsdp = write_acpi_tables(&memory, &platform.acpi(config.vcpus))?;
     let (reset_port, reset_value) = Platform::reset_register();
     write_reset_vector(&memory, reset_port, reset_value)?;
-    let cmdline = guest_cmdline(config);
+    let mut cmdline = guest_cmdline(config);
+    if let Some(display) = &display_config {
+        cmdline = format!("{cmdline} {}", layout_cmdline_word(display));
+    }
     let entry = load_boot_images(
         &memory,
         config.memory_bytes,
@@ -79,6 +107,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         config.initramfs.as_deref(),
         &cmdline,
         rsdp,
+        display_config.as_ref().map(boot_framebuffer),
     )?;
 
     install_kick_handler()?;
@@ -130,6 +159,13 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
                 error: e,
             })?);
     }
+    // Periodic metrics (--metrics): "mmu" and "kvm"; a device with figures
+    // of its own (the display: "display") adds its MetricsSource here.
+    let metrics_sources: Vec<Arc<dyn MetricsSource>> = vec![mmu.clone(), mmu.shared_stats()];
+    let metrics = match (metrics_sink, &config.metrics) {
+        (Some(sink), Some(m)) => Some(MetricsWriter::start(sink, m.interval, metrics_sources)?),
+        _ => None,
+    };
 
     // Interactive console unless the guest runs a command for us.
     let _raw_terminal = if config.exec.is_none() {
@@ -169,7 +205,8 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
             events.clone(),
             virtio_devices.balloon.clone(),
         )
-        .with_mmu(mmu),
+        .with_mmu(mmu)
+        .with_display(display.as_ref().map(|d| d.control())),
     );
     let _api_server = match &config.api_socket {
         Some(path) => Some(crate::controller::start_api_server(
@@ -183,6 +220,10 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         .recv()
         .unwrap_or(VmmEvent::Error("event channel closed".into()));
     vm.stop();
+    // The last metrics line, with the vCPUs' final counts.
+    if let Some(metrics) = metrics {
+        metrics.stop();
+    }
     Ok(outcome(&event, config.exec.is_some()))
 }
 
@@ -232,6 +273,16 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
     vm.create_pit2(pit)
         .map_err(|e| Error::Kvm("KVM_CREATE_PIT2", e))?;
     Ok(vm)
+}
+
+/// The display's options, checked before any KVM work.
+fn parse_display(config: &VmConfig) -> Result<Option<DisplayConfig>, Error> {
+    config
+        .display
+        .as_deref()
+        .map(DisplayConfig::parse)
+        .transpose()
+        .map_err(|e| Error::Device("--display".into(), e.to_string()))
 }
 
 /// The guest agent's listener (vsock port 1024) when the VM has a vsock:

@@ -30,9 +30,9 @@ pub trait PciDevice: Send {
 }
 
 /// Where the 32-bit PCI memory window lives: device BARs are allocated
-/// here, below the IOAPIC.
+/// here, below the display's framebuffer (arch::layout).
 pub const PCI_MMIO_START: u64 = 0xc000_0000;
-pub const PCI_MMIO_END: u64 = 0xfec0_0000;
+pub const PCI_MMIO_END: u64 = 0xe000_0000;
 
 /// Hands out BAR addresses in the PCI memory window, naturally aligned.
 pub struct BarAllocator {

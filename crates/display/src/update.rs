@@ -1,0 +1,237 @@
+//! From candidate pages to changed rectangles: compare each candidate page
+//! with the screen copy, copy what differs into it, and cover the changes
+//! with rectangles for the clients. Same-colour overwrites (a page written
+//! but not changed) produce nothing.
+
+use crate::dirty::PageSet;
+use crate::framebuffer::FramebufferMemory;
+use crate::layout::{FbGeometry, BYTES_PER_PIXEL, PAGE_SIZE};
+use crate::{Rect, Screen};
+
+/// Changes are gathered in cells of this many pixels square (screen
+/// coordinates, whatever the framebuffer layout), then merged into
+/// rectangles: small enough to stay near the drawn shape, large enough to
+/// keep the rectangle count low.
+pub const CELL: usize = 16;
+
+/// What one comparison found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Candidate pages compared.
+    pub pages_compared: usize,
+    /// Pages with at least one changed pixel.
+    pub pages_changed: usize,
+    /// Pixels that changed.
+    pub pixels_changed: u64,
+    pub rects: Vec<Rect>,
+}
+
+/// Compares candidate pages with the screen and updates the screen.
+pub struct UpdateScanner {
+    geometry: FbGeometry,
+    cells_x: usize,
+    cells_y: usize,
+    marked: Vec<bool>,
+    page: Box<[u8; PAGE_SIZE]>,
+}
+
+impl UpdateScanner {
+    pub fn new(geometry: FbGeometry) -> UpdateScanner {
+        let cells_x = usize::from(geometry.width).div_ceil(CELL);
+        let cells_y = usize::from(geometry.height).div_ceil(CELL);
+        UpdateScanner {
+            geometry,
+            cells_x,
+            cells_y,
+            marked: vec![false; cells_x * cells_y],
+            page: Box::new([0; PAGE_SIZE]),
+        }
+    }
+
+    /// Compares `pages` of `fb` with `screen`, writing changed pixels into
+    /// `screen`.
+    pub fn scan(&mut self, fb: &FramebufferMemory, pages: &PageSet, screen: &Screen) -> Changes {
+        let width = usize::from(self.geometry.width);
+        let mut changes = Changes::default();
+        self.marked.iter_mut().for_each(|m| *m = false);
+        let mut pixels = screen.write();
+        for page in pages.iter() {
+            if page >= self.geometry.pages() {
+                break;
+            }
+            fb.read_page(page, &mut self.page);
+            changes.pages_compared += 1;
+            let mut page_changed = false;
+            let (marked, cells_x) = (&mut self.marked, self.cells_x);
+            let buf = &self.page;
+            self.geometry.page_runs(page, |run| {
+                let n = usize::from(run.x1 - run.x0);
+                let bytes = &buf[run.offset..run.offset + n * BYTES_PER_PIXEL];
+                let row = usize::from(run.y) * width;
+                let old = &mut pixels[row + usize::from(run.x0)..row + usize::from(run.x1)];
+                if as_bytes(old) == bytes {
+                    return;
+                }
+                page_changed = true;
+                let mut first = usize::MAX;
+                let mut last = 0;
+                for (i, (px, new)) in old.iter_mut().zip(bytes.chunks_exact(4)).enumerate() {
+                    let new = u32::from_le_bytes([new[0], new[1], new[2], new[3]]);
+                    if *px != new {
+                        *px = new;
+                        first = first.min(i);
+                        last = i;
+                        changes.pixels_changed += 1;
+                    }
+                }
+                let cy = usize::from(run.y) / CELL;
+                let x0 = usize::from(run.x0);
+                for cx in (x0 + first) / CELL..=(x0 + last) / CELL {
+                    marked[cy * cells_x + cx] = true;
+                }
+            });
+            if page_changed {
+                changes.pages_changed += 1;
+            }
+        }
+        drop(pixels);
+        changes.rects = self.rectangles();
+        changes
+    }
+
+    /// Covers the marked cells with rectangles: runs of cells per cell row,
+    /// merged downwards while the run below has the same extent.
+    fn rectangles(&self) -> Vec<Rect> {
+        let (w, h) = (
+            usize::from(self.geometry.width),
+            usize::from(self.geometry.height),
+        );
+        let mut rects: Vec<Rect> = Vec::new();
+        // Index into `rects` of the open rectangle per starting cell column
+        // of the previous row, to extend downwards.
+        let mut open: Vec<Option<usize>> = vec![None; self.cells_x];
+        for cy in 0..self.cells_y {
+            let mut next_open: Vec<Option<usize>> = vec![None; self.cells_x];
+            let mut cx = 0;
+            while cx < self.cells_x {
+                if !self.marked[cy * self.cells_x + cx] {
+                    cx += 1;
+                    continue;
+                }
+                let start = cx;
+                while cx < self.cells_x && self.marked[cy * self.cells_x + cx] {
+                    cx += 1;
+                }
+                let x = start * CELL;
+                let rw = (cx * CELL).min(w) - x;
+                let y = cy * CELL;
+                let rh = ((cy + 1) * CELL).min(h) - y;
+                match open[start] {
+                    Some(i) if usize::from(rects[i].w) == rw && rects[i].bottom() as usize == y => {
+                        rects[i].h += rh as u16;
+                        next_open[start] = Some(i);
+                    }
+                    _ => {
+                        rects.push(Rect::new(x as u16, y as u16, rw as u16, rh as u16));
+                        next_open[start] = Some(rects.len() - 1);
+                    }
+                }
+            }
+            open = next_open;
+        }
+        rects
+    }
+}
+
+fn as_bytes(pixels: &[u32]) -> &[u8] {
+    // SAFETY: u32 has no padding and any byte pattern is a valid u8; the
+    // length covers exactly the same memory; alignment of u8 is 1.
+    unsafe { std::slice::from_raw_parts(pixels.as_ptr().cast(), std::mem::size_of_val(pixels)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Layout;
+
+    fn draw(fb: &FramebufferMemory, g: &FbGeometry, r: Rect, color: u32) {
+        for y in r.y..r.y + r.h {
+            for x in r.x..r.x + r.w {
+                fb.write(g.offset(x.into(), y.into()), &color.to_le_bytes());
+            }
+        }
+    }
+
+    fn all(g: &FbGeometry) -> PageSet {
+        let mut p = PageSet::new(g.pages());
+        p.insert_all();
+        p
+    }
+
+    #[test]
+    fn finds_a_rectangle_in_both_layouts() {
+        for layout in [Layout::Linear, Layout::Tiled] {
+            let g = FbGeometry::new(1024, 768, layout).unwrap();
+            let fb = FramebufferMemory::new(g).unwrap();
+            let screen = Screen::new(1024, 768);
+            let mut scanner = UpdateScanner::new(g);
+            let icon = Rect::new(100, 100, 64, 64);
+            draw(&fb, &g, icon, 0x00ff8000);
+            let c = scanner.scan(&fb, &all(&g), &screen);
+            assert_eq!(c.pixels_changed, 64 * 64);
+            assert_eq!(
+                c.pages_changed,
+                if layout == Layout::Tiled { 9 } else { 64 }
+            );
+            // 100..164 in 16-pixel cells: 96..176.
+            assert_eq!(c.rects, vec![Rect::new(96, 96, 80, 80)], "{layout}");
+            let px = screen.read();
+            assert_eq!(px[120 * 1024 + 130], 0x00ff8000);
+            assert_eq!(px[99 * 1024 + 130], 0);
+            drop(px);
+            // Nothing new: nothing found.
+            let c = scanner.scan(&fb, &all(&g), &screen);
+            assert_eq!((c.pages_changed, c.rects.len()), (0, 0));
+        }
+    }
+
+    #[test]
+    fn same_colour_overwrite_and_unreported_pages_give_nothing() {
+        let g = FbGeometry::new(640, 480, Layout::Linear).unwrap();
+        let fb = FramebufferMemory::new(g).unwrap();
+        let screen = Screen::new(640, 480);
+        let mut scanner = UpdateScanner::new(g);
+        draw(&fb, &g, Rect::new(0, 0, 10, 10), 0);
+        let c = scanner.scan(&fb, &all(&g), &screen);
+        assert_eq!(
+            c,
+            Changes {
+                pages_compared: g.pages(),
+                ..Default::default()
+            }
+        );
+        // A change on a page nobody reported stays unseen.
+        draw(&fb, &g, Rect::new(0, 200, 10, 1), 7);
+        let c = scanner.scan(&fb, &PageSet::new(g.pages()), &screen);
+        assert_eq!(c.pixels_changed, 0);
+    }
+
+    #[test]
+    fn tiled_and_linear_give_the_same_screen() {
+        let mut screens = Vec::new();
+        for layout in [Layout::Linear, Layout::Tiled] {
+            let g = FbGeometry::new(640, 480, layout).unwrap();
+            let fb = FramebufferMemory::new(g).unwrap();
+            let screen = Screen::new(640, 480);
+            for (i, r) in [Rect::new(3, 5, 100, 7), Rect::new(600, 400, 40, 80)]
+                .iter()
+                .enumerate()
+            {
+                draw(&fb, &g, *r, 0x123456 * (i as u32 + 1));
+            }
+            UpdateScanner::new(g).scan(&fb, &all(&g), &screen);
+            screens.push(screen.read().clone());
+        }
+        assert_eq!(screens[0], screens[1]);
+    }
+}

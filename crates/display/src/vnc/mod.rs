@@ -1,0 +1,167 @@
+//! The VNC server: RFB 3.3, 3.7 and 3.8 (RFC 6143) over TCP and, for
+//! browser clients such as noVNC, over WebSocket (RFC 6455).
+//!
+//! Updates are pulled: each client has a region of the screen it has not
+//! been sent yet, grown by [`VncServer::damage`] and [`VncServer::copy`],
+//! and its own thread answers the client's FramebufferUpdateRequests from
+//! that region, reading pixels from the shared [`Screen`]. Nothing a client
+//! does (or fails to do) can block the caller of `damage` or `copy`.
+//!
+//! Security: None, or VNC Authentication when a password is set. Encodings:
+//! Raw, CopyRect and ZRLE, in the client's order of preference.
+//!
+//! Module map:
+//! - `server`: listener threads, client list, fan-out of screen changes.
+//! - `client`: one client's pending damage and copies (shared state).
+//! - `session`: one client's protocol state machine and update building.
+//! - `protocol`: wire messages; `pixel_format`: formats and conversion;
+//!   `auth`: VNC Authentication; `encoding`: Raw, CopyRect, ZRLE.
+//! - `region`: rectangle sets; `view`: what a client's framebuffer holds.
+//! - `transport`, `websocket`, `poller`: non-blocking byte streams.
+//! - `stats`: counters.
+
+mod auth;
+mod client;
+mod encoding;
+mod pixel_format;
+mod poller;
+mod protocol;
+mod region;
+mod server;
+mod session;
+mod stats;
+mod transport;
+mod view;
+mod websocket;
+
+#[cfg(test)]
+mod tests;
+
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+pub use pixel_format::PixelFormat;
+pub use stats::VncStats;
+
+use crate::geometry::Rect;
+use crate::input::InputSink;
+use crate::screen::Screen;
+use server::{Kind, Shared};
+
+/// How to run a VNC server.
+#[derive(Clone, Debug)]
+pub struct VncConfig {
+    /// RFB over TCP (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// RFB over WebSocket, for noVNC.
+    pub websocket: Option<SocketAddr>,
+    /// With a password only VNC Authentication is offered (only its first
+    /// 8 bytes count, as the protocol's DES key is 8 bytes).
+    pub password: Option<String>,
+    /// The desktop name clients show.
+    pub name: String,
+}
+
+/// A running VNC server. Dropping it shuts it down.
+pub struct VncServer {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    websocket_addr: Option<SocketAddr>,
+    acceptors: Vec<JoinHandle<()>>,
+}
+
+fn listen(addr: SocketAddr) -> io::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr)?;
+    // Acceptors poll the listener together with the shutdown event.
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    Ok((listener, bound))
+}
+
+impl VncServer {
+    /// Binds (errors are returned, e.g. address in use), starts an acceptor
+    /// thread per listener and one thread per client.
+    pub fn start(
+        config: VncConfig,
+        screen: Arc<Screen>,
+        input: Arc<dyn InputSink>,
+    ) -> io::Result<VncServer> {
+        let (tcp, local_addr) = listen(config.listen)?;
+        let ws = config.websocket.map(listen).transpose()?;
+        let shared = Arc::new(Shared::new(screen, input, config.password, config.name)?);
+        let mut server = VncServer {
+            shared,
+            local_addr,
+            websocket_addr: ws.as_ref().map(|(_, a)| *a),
+            acceptors: Vec::new(),
+        };
+        // On error `server` is dropped, which stops what was started.
+        server.acceptors.push(server::spawn_acceptor(
+            tcp,
+            Kind::Tcp,
+            server.shared.clone(),
+        )?);
+        if let Some((listener, _)) = ws {
+            server.acceptors.push(server::spawn_acceptor(
+                listener,
+                Kind::WebSocket,
+                server.shared.clone(),
+            )?);
+        }
+        Ok(server)
+    }
+
+    /// The bound RFB address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The bound WebSocket address, if any.
+    pub fn websocket_addr(&self) -> Option<SocketAddr> {
+        self.websocket_addr
+    }
+
+    /// These rectangles of the Screen changed; the Screen already holds the
+    /// new pixels. Never blocks on a client: it records the rectangles in
+    /// each client's pending region and wakes the client's thread.
+    pub fn damage(&self, rects: &[Rect]) {
+        self.shared.damage(rects);
+    }
+
+    /// The pixels of `src` were moved to (`dst_x`, `dst_y`); the Screen
+    /// already holds the result. Clients that take CopyRect and hold the
+    /// source's current pixels get a CopyRect, the others the destination
+    /// as damage. Call it right after the move, before writing the Screen
+    /// again; even if that is not the case, the pixels clients end up with
+    /// are checked against the Screen when the update is built.
+    pub fn copy(&self, src: Rect, dst_x: u16, dst_y: u16) {
+        self.shared.copy(src, dst_x, dst_y);
+    }
+
+    /// Clients connected and past the RFB handshake.
+    pub fn clients(&self) -> usize {
+        self.shared.active_clients()
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> VncStats {
+        self.shared.stats.snapshot()
+    }
+
+    /// Stops accepting, disconnects everyone and joins all threads.
+    pub fn shutdown(&mut self) {
+        self.shared.signal_shutdown();
+        for acceptor in self.acceptors.drain(..) {
+            let _ = acceptor.join();
+        }
+        self.shared.join_clients();
+    }
+}
+
+impl Drop for VncServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
