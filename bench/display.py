@@ -92,6 +92,10 @@ class Vm:
         self.probe = RfbProbe(host, int(port))
 
     def display(self, *change):
+        if self.proc.poll() is not None:
+            raise RuntimeError("hakoniwa exited with status %s; console: %s; stderr: %s" % (
+                self.proc.returncode, self.con.tail(), self.proc.stderr.read().decode(
+                    "utf-8", "replace")[-600:]))
         return ctl(self.args.hakoniwa, self.socket, "display", *change)
 
     def run(self, command, regex, seconds):
@@ -163,11 +167,22 @@ def window_figures(before, after):
 def table2(args, tmp):
     rows = {}
     for layout in ["linear", "tiled"]:
-        vm = Vm(args, tmp, layout, "dirtylog")
+        vm = None
         try:
             for pattern in PATTERNS:
+                # A fresh guest when the last one is gone (its failure is
+                # recorded; the other patterns still run).
+                if vm is None or vm.proc.poll() is not None:
+                    if vm is not None:
+                        vm.close()
+                    vm = Vm(args, tmp, layout, "dirtylog")
                 cmd = "hk-fbdraw -p %s -t %d" % (pattern, args.seconds)
-                before, after, m = vm.run(cmd, DRAW_RE, args.seconds)
+                try:
+                    before, after, m = vm.run(cmd, DRAW_RE, args.seconds)
+                except RuntimeError as e:
+                    print("table2 %s %s failed: %s" % (pattern, layout, e), flush=True)
+                    rows.setdefault(pattern, {})[layout] = {"error": str(e)}
+                    continue
                 rec = window_figures(before, after)
                 rec["ops_per_s"] = float(m.group(5))
                 rows.setdefault(pattern, {})[layout] = rec
@@ -178,7 +193,8 @@ def table2(args, tmp):
                                              rec["pages_changed_per_period"],
                                              rec["pages_reported_per_period"]), flush=True)
         finally:
-            vm.close()
+            if vm is not None:
+                vm.close()
     return rows
 
 
@@ -259,6 +275,11 @@ def write_md(path, r):
     for p in PATTERNS:
         lin, til = r["table2"][p]["linear"], r["table2"][p]["tiled"]
         pl, pt = PAPER_TABLE2[p]
+        if "error" in lin or "error" in til:
+            L.append("| %s | failed: %s | | | %.1f | %.1f | | | | | | | |" % (
+                p, (lin.get("error") or til.get("error"))[:200].replace("|", "/")
+                .replace("\n", " "), pl, pt))
+            continue
         L.append("| %s | %.2f | %.2f | %s | %.1f | %.1f | %.2f | %.0f/%.0f | %.0f/%.0f | %s | %s "
                  "| %.0f | %.0f |" % (
                      p, lin["detection_time_ms"], til["detection_time_ms"],
@@ -273,6 +294,8 @@ def write_md(path, r):
     for p in PATTERNS:
         for lay in ["linear", "tiled"]:
             x = r["table2"][p][lay]
+            if "error" in x:
+                continue
             L.append("| %s | %s | %.3f | %.3f | %.3f | %.3f | %.1f |" % (
                 p, lay, x["detect_ms"], x["compare_ms"], x["encode_ms_per_update"],
                 x["send_ms_per_update"], x["detections_per_s"]))
@@ -317,8 +340,8 @@ def plot(path, r):
     fig, ax = plt.subplots(1, 3, figsize=(15, 4.5))
     x = range(len(PATTERNS))
     w = 0.2
-    ours_l = [r["table2"][p]["linear"]["detection_time_ms"] for p in PATTERNS]
-    ours_t = [r["table2"][p]["tiled"]["detection_time_ms"] for p in PATTERNS]
+    ours_l = [r["table2"][p]["linear"].get("detection_time_ms", 0) for p in PATTERNS]
+    ours_t = [r["table2"][p]["tiled"].get("detection_time_ms", 0) for p in PATTERNS]
     ax[0].bar([i - 1.5 * w for i in x], ours_l, w, label="hakoniwa linear")
     ax[0].bar([i - 0.5 * w for i in x], ours_t, w, label="hakoniwa tiled")
     ax[0].bar([i + 0.5 * w for i in x], [PAPER_TABLE2[p][0] for p in PATTERNS], w,

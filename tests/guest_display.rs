@@ -117,8 +117,8 @@ fn assert_screen_is(address: &str, password: Option<&str>, encoding: &str, raw: 
     panic!("{what}: the VNC picture is not the guest's drawing: {last}");
 }
 
-fn boot_with_display(options: &str, socket: &str) -> (Vmm, String) {
-    let mut vmm = Vmm::spawn(&[
+fn boot_with_display(options: &str, socket: &str, extra: &[&str]) -> (Vmm, String) {
+    let mut args = vec![
         "run",
         "--memory",
         "512M",
@@ -126,7 +126,9 @@ fn boot_with_display(options: &str, socket: &str) -> (Vmm, String) {
         socket,
         "--display",
         options,
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let mut vmm = Vmm::spawn(&args);
     vmm.wait_for(PROMPT);
     let info = display_info(socket);
     let address = info["vnc_address"].as_str().unwrap().to_string();
@@ -146,7 +148,12 @@ fn boot_with_display(options: &str, socket: &str) -> (Vmm, String) {
 fn vnc_client_sees_the_guest_drawing_with_every_detection_method_and_sends_input() {
     require_hardware_kvm();
     let socket = temp_socket("display-linear");
-    let (mut vmm, address) = boot_with_display("vnc=127.0.0.1:0,dirty=dirtylog", &socket);
+    let metrics = tmp("metrics.jsonl");
+    let (mut vmm, address) = boot_with_display(
+        "vnc=127.0.0.1:0,dirty=dirtylog",
+        &socket,
+        &["--metrics", &metrics, "--metrics-interval", "1"],
+    );
     assert_eq!(
         vmm.shell("grep -o 'hk.fb=[a-z]*' /proc/cmdline").trim(),
         "hk.fb=linear"
@@ -184,6 +191,11 @@ fn vnc_client_sees_the_guest_drawing_with_every_detection_method_and_sends_input
     let ratio = info["useful_ratio"].as_f64().unwrap();
     assert!(ratio > 0.0 && ratio <= 1.0, "{info}");
     assert!(info["kvm"]["exits"].as_u64().unwrap_or(0) > 0, "{info}");
+    // The periodic metrics line carries the same figures.
+    let lines = std::fs::read_to_string(&metrics).unwrap();
+    let last: serde_json::Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    assert!(last["display"]["periods"].as_u64().unwrap() > 0, "{last}");
+    assert_eq!(last["display"]["dirty"], "dirtylog", "{last}");
 
     // Keyboard and pointer from the client reach the guest's evdev devices.
     vmm.shell("(hk-input -n 4 -t 120 > /tmp/input.txt 2>&1 &)");
@@ -218,6 +230,7 @@ fn tiled_framebuffer_gives_the_same_picture_and_vnc_auth_is_enforced() {
     let (mut vmm, address) = boot_with_display(
         "vnc=127.0.0.1:0,layout=tiled,dirty=wp,refresh=event,password=hk-pass",
         &socket,
+        &[],
     );
     assert_eq!(
         vmm.shell("grep -o 'hk.fb=[a-z]*' /proc/cmdline").trim(),
@@ -258,9 +271,9 @@ fn tiled_framebuffer_gives_the_same_picture_and_vnc_auth_is_enforced() {
     let status = Command::new(&tool)
         .args(fill.split_whitespace().skip(1))
         .args(["-F", &want, "-W", "1024", "-G", "768", "-l", "linear"])
-        .status()
+        .output()
         .unwrap();
-    assert!(status.success());
+    assert!(status.status.success());
     assert_screen_is(&address, Some("hk-pass"), "raw", &want, "tiled fill");
     vmm.send("poweroff\n");
     assert!(vmm.wait_exit(Duration::from_secs(60)).success());

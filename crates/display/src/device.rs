@@ -325,10 +325,14 @@ impl Updater {
             let t1 = Instant::now();
             let changes = self.scanner.scan(self.slot.memory(), &pages, &self.screen);
             let t2 = Instant::now();
+            for m in &changes.moves {
+                self.vnc.copy(m.src, m.dst_x, m.dst_y);
+            }
             if !changes.rects.is_empty() {
                 self.vnc.damage(&changes.rects);
             }
-            self.period.after_period(!changes.rects.is_empty());
+            let changed = !changes.rects.is_empty() || !changes.moves.is_empty();
+            self.period.after_period(changed);
             self.woken_by_write = matches!(woken, Ok(true));
             if self.woken_by_write {
                 // The guest is active again: like input, back to the base period.
@@ -346,7 +350,7 @@ impl Updater {
                 pages_reported: pages.len(),
                 pages_changed: changes.pages_changed,
                 pixels_changed: changes.pixels_changed,
-                rects: changes.rects.len(),
+                rects: changes.rects.len() + changes.moves.len(),
             });
             m.dirty = self.tracker.method();
             m.refresh = self.refresh;

@@ -2,6 +2,11 @@
 //! with the screen copy, copy what differs into it, and cover the changes
 //! with rectangles for the clients. Same-colour overwrites (a page written
 //! but not changed) produce nothing.
+//!
+//! Large changed rectangles are also checked for a vertical move (a
+//! scrolling window, the hdbench "scroll" pattern): when the new rows are
+//! the old rows shifted by up to [`MAX_SCROLL`] lines, the clients get a
+//! CopyRect for the moved part and pixels only for the newly exposed lines.
 
 use crate::dirty::PageSet;
 use crate::framebuffer::FramebufferMemory;
@@ -13,6 +18,18 @@ use crate::{Rect, Screen};
 /// rectangles: small enough to stay near the drawn shape, large enough to
 /// keep the rectangle count low.
 pub const CELL: usize = 16;
+/// The largest vertical move looked for, in lines.
+pub const MAX_SCROLL: usize = 64;
+/// Rectangles smaller than this on either side are not checked for moves.
+const MIN_MOVE_SIDE: u16 = 64;
+
+/// Pixels that moved: `src` is now at (`dst_x`, `dst_y`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Move {
+    pub src: Rect,
+    pub dst_x: u16,
+    pub dst_y: u16,
+}
 
 /// What one comparison found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,6 +40,9 @@ pub struct Changes {
     pub pages_changed: usize,
     /// Pixels that changed.
     pub pixels_changed: u64,
+    /// Regions that moved (send first, as CopyRect).
+    pub moves: Vec<Move>,
+    /// Regions with new pixels.
     pub rects: Vec<Rect>,
 }
 
@@ -33,6 +53,11 @@ pub struct UpdateScanner {
     cells_y: usize,
     marked: Vec<bool>,
     page: Box<[u8; PAGE_SIZE]>,
+    /// The screen as it was before the current scan (kept in step with the
+    /// screen after each scan), for move detection.
+    before: Vec<u32>,
+    /// Changed runs of the current scan: (row start index, len).
+    changed_runs: Vec<(usize, usize)>,
 }
 
 impl UpdateScanner {
@@ -45,6 +70,8 @@ impl UpdateScanner {
             cells_y,
             marked: vec![false; cells_x * cells_y],
             page: Box::new([0; PAGE_SIZE]),
+            before: vec![0; usize::from(geometry.width) * usize::from(geometry.height)],
+            changed_runs: Vec::new(),
         }
     }
 
@@ -54,6 +81,7 @@ impl UpdateScanner {
         let width = usize::from(self.geometry.width);
         let mut changes = Changes::default();
         self.marked.iter_mut().for_each(|m| *m = false);
+        self.changed_runs.clear();
         let mut pixels = screen.write();
         for page in pages.iter() {
             if page >= self.geometry.pages() {
@@ -63,6 +91,7 @@ impl UpdateScanner {
             changes.pages_compared += 1;
             let mut page_changed = false;
             let (marked, cells_x) = (&mut self.marked, self.cells_x);
+            let changed_runs = &mut self.changed_runs;
             let buf = &self.page;
             self.geometry.page_runs(page, |run| {
                 let n = usize::from(run.x1 - run.x0);
@@ -84,6 +113,7 @@ impl UpdateScanner {
                         changes.pixels_changed += 1;
                     }
                 }
+                changed_runs.push((row + usize::from(run.x0), n));
                 let cy = usize::from(run.y) / CELL;
                 let x0 = usize::from(run.x0);
                 for cx in (x0 + first) / CELL..=(x0 + last) / CELL {
@@ -94,9 +124,62 @@ impl UpdateScanner {
                 changes.pages_changed += 1;
             }
         }
-        drop(pixels);
-        changes.rects = self.rectangles();
+        let rects = self.rectangles();
+        for rect in rects {
+            match self.find_move(&pixels, rect) {
+                Some((m, exposed)) => {
+                    changes.moves.push(m);
+                    changes.rects.extend(exposed.filter(|r| !r.is_empty()));
+                }
+                None => changes.rects.push(rect),
+            }
+        }
+        // Bring the "before" copy up to date for the next scan.
+        for &(start, len) in &self.changed_runs {
+            self.before[start..start + len].copy_from_slice(&pixels[start..start + len]);
+        }
         changes
+    }
+
+    /// Whether `rect` holds the old content of the same columns moved up or
+    /// down by 1..=MAX_SCROLL lines; then the move and the exposed lines.
+    fn find_move(&self, now: &[u32], rect: Rect) -> Option<(Move, Option<Rect>)> {
+        if rect.w < MIN_MOVE_SIDE || rect.h < MIN_MOVE_SIDE {
+            return None;
+        }
+        let width = usize::from(self.geometry.width);
+        let (x0, x1) = (usize::from(rect.x), rect.right() as usize);
+        let (top, bottom) = (usize::from(rect.y), rect.bottom() as usize);
+        let same = |new_y: usize, old_y: usize| {
+            now[new_y * width + x0..new_y * width + x1]
+                == self.before[old_y * width + x0..old_y * width + x1]
+        };
+        let max = MAX_SCROLL.min(usize::from(rect.h) / 2);
+        for k in 1..=max {
+            // Up: new row y is old row y + k.
+            if same(top, top + k) && (top..bottom - k).all(|y| same(y, y + k)) {
+                let src = Rect::new(rect.x, (top + k) as u16, rect.w, rect.h - k as u16);
+                let exposed = Rect::new(rect.x, (bottom - k) as u16, rect.w, k as u16);
+                let m = Move {
+                    src,
+                    dst_x: rect.x,
+                    dst_y: rect.y,
+                };
+                return Some((m, Some(exposed)));
+            }
+            // Down: new row y is old row y - k.
+            if same(bottom - 1, bottom - 1 - k) && (top + k..bottom).all(|y| same(y, y - k)) {
+                let src = Rect::new(rect.x, rect.y, rect.w, rect.h - k as u16);
+                let exposed = Rect::new(rect.x, rect.y, rect.w, k as u16);
+                let m = Move {
+                    src,
+                    dst_x: rect.x,
+                    dst_y: (top + k) as u16,
+                };
+                return Some((m, Some(exposed)));
+            }
+        }
+        None
     }
 
     /// Covers the marked cells with rectangles: runs of cells per cell row,
@@ -192,6 +275,48 @@ mod tests {
             // Nothing new: nothing found.
             let c = scanner.scan(&fb, &all(&g), &screen);
             assert_eq!((c.pages_changed, c.rects.len()), (0, 0));
+        }
+    }
+
+    /// A scroll (the canvas moved up by 8 lines, a new stripe below) becomes
+    /// a move plus the exposed lines, in both layouts; the screen copy then
+    /// equals the framebuffer.
+    #[test]
+    fn scrolling_is_found_as_a_move() {
+        for layout in [Layout::Linear, Layout::Tiled] {
+            let g = FbGeometry::new(1024, 768, layout).unwrap();
+            let fb = FramebufferMemory::new(g).unwrap();
+            let screen = Screen::new(1024, 768);
+            let mut scanner = UpdateScanner::new(g);
+            let canvas = Rect::new(96, 96, 640, 480);
+            // Stripes of varying height and colour, so only one shift fits.
+            let color = |y: u16| 0x010203u32.wrapping_mul(u32::from(y) * u32::from(y) % 251);
+            for y in canvas.y..canvas.y + canvas.h {
+                draw(&fb, &g, Rect::new(canvas.x, y, canvas.w, 1), color(y));
+            }
+            scanner.scan(&fb, &all(&g), &screen);
+            for y in canvas.y..canvas.y + canvas.h {
+                let c = if y + 8 < canvas.y + canvas.h {
+                    color(y + 8)
+                } else {
+                    0xffffff
+                };
+                draw(&fb, &g, Rect::new(canvas.x, y, canvas.w, 1), c);
+            }
+            let c = scanner.scan(&fb, &all(&g), &screen);
+            assert_eq!(
+                c.moves,
+                vec![Move {
+                    src: Rect::new(96, 104, 640, 472),
+                    dst_x: 96,
+                    dst_y: 96
+                }],
+                "{layout}"
+            );
+            assert_eq!(c.rects, vec![Rect::new(96, 568, 640, 8)], "{layout}");
+            let px = screen.read();
+            assert_eq!(px[100 * 1024 + 100], color(108));
+            assert_eq!(px[570 * 1024 + 100], 0xffffff);
         }
     }
 

@@ -9,9 +9,10 @@ use arch::bootparams::LinearFramebuffer;
 use arch::layout::{FRAMEBUFFER_MAX_SIZE, FRAMEBUFFER_START};
 use devices::virtio::input::{codes, InputControl, InputKind};
 use display::keymap::keysym_to_evdev;
-use display::{Display, DisplayConfig, InputSink};
+use display::{Display, DisplayConfig, DisplayControl, InputSink};
 use kvm_ioctls::VmFd;
 
+use crate::metrics::MetricsSource;
 use crate::Error;
 
 /// The boot-time description of the framebuffer (vesafb reads it).
@@ -137,5 +138,19 @@ impl InputSink for VirtioInputSink {
         if buttons & !before & (1 << 4) != 0 {
             tablet.wheel(-1);
         }
+    }
+}
+
+/// The "display" section of the `--metrics` file: the same figures as
+/// `GET /api/v1/vm.display`.
+pub struct DisplayMetrics(pub Arc<DisplayControl>);
+
+impl MetricsSource for DisplayMetrics {
+    fn name(&self) -> &'static str {
+        "display"
+    }
+
+    fn sample(&self) -> serde_json::Value {
+        serde_json::to_value(self.0.metrics()).unwrap_or(serde_json::Value::Null)
     }
 }
