@@ -99,6 +99,11 @@ struct RunArgs {
     /// [,websocket=[HOST:]PORT]
     #[arg(long, value_name = "OPTIONS")]
     display: Option<String>,
+    /// Continue the VM saved in FILE (`ctl snapshot`) instead of booting;
+    /// give the same --cpus, --memory and devices as the VM had
+    /// (docs/snapshot.md).
+    #[arg(long, value_name = "FILE")]
+    restore: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -110,7 +115,7 @@ struct CtlArgs {
     command: CtlCommandArg,
 }
 
-#[derive(Subcommand, Clone, Copy)]
+#[derive(Subcommand, Clone)]
 enum CtlCommandArg {
     /// Show the balloon (target, actual, guest statistics), or set its target.
     Balloon {
@@ -145,6 +150,14 @@ enum CtlCommandArg {
     Resume,
     /// End the VM and its VMM.
     Shutdown,
+    /// Save the whole VM to a file (pausing it meanwhile); `run --restore
+    /// FILE` continues it (docs/snapshot.md).
+    Snapshot {
+        /// The snapshot file to write (a path as the VMM sees it; relative
+        /// paths are made absolute here).
+        #[arg(long, value_name = "FILE")]
+        path: PathBuf,
+    },
 }
 
 /// A memory size on the command line (parsed like --memory).
@@ -278,6 +291,7 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
         spt_budget,
         metrics,
         display: args.display,
+        restore: args.restore,
         virtio: VirtioConfig {
             disks: args.disk,
             nets: args.net,
@@ -327,6 +341,15 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
         } => api::CtlCommand::Display,
         CtlCommandArg::Display { dirty, refresh } => {
             api::CtlCommand::DisplaySet(api::DisplaySettings { dirty, refresh })
+        }
+        CtlCommandArg::Snapshot { path } => {
+            let path = std::path::absolute(&path)
+                .map_err(|e| format!("--path {}: {e}", path.display()))?;
+            let path = path
+                .to_str()
+                .ok_or_else(|| format!("--path {} is not UTF-8", path.display()))?
+                .to_string();
+            api::CtlCommand::Snapshot(path)
         }
     };
     let output = api::run_ctl(&args.api_socket, &command).map_err(|e| e.to_string())?;

@@ -32,7 +32,6 @@
 #include <fcntl.h>
 #include <linux/input.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,29 +39,10 @@
 #include <unistd.h>
 
 #define PROG "hk-input"
+#include "hk-tool.h"
+
 #define MAX_DEVS 64
 #define WAIT_FOR_DEVICES 2.0 /* seconds */
-
-static void fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
-static void fail(int status, const char *fmt, ...)
-{
-	va_list ap;
-
-	fputs(PROG ": ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(status);
-}
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* /dev/input/eventN names, sorted by N. */
 static int event_num(const char *name)
@@ -117,31 +97,31 @@ int main(int argc, char **argv)
 			errno = 0;
 			count = strtoll(optarg, &end, 0);
 			if (errno || end == optarg || *end || count < 1)
-				fail(2, "bad -n value '%s' (a count >= 1)", optarg);
+				bad_flag("bad -n value '%s' (a count >= 1)", optarg);
 			break;
 		case 't':
 			errno = 0;
 			seconds = strtod(optarg, &end);
 			if (errno || end == optarg || *end || !(seconds >= 0) || seconds > 1e9)
-				fail(2, "bad -t value '%s' (seconds >= 0)", optarg);
+				bad_flag("bad -t value '%s' (seconds >= 0)", optarg);
 			break;
 		case 'h':
 			printf("usage: " PROG " [-n COUNT] [-t SECONDS] [DEVICE...]\n");
 			return 0;
 		case ':':
-			fail(2, "-%c needs a value", optopt);
+			bad_flag("-%c needs a value", optopt);
 		default:
-			fail(2, "unknown flag -%c (-h for usage)", optopt);
+			bad_flag("unknown flag -%c (-h for usage)", optopt);
 		}
 	}
 
 	if (optind < argc) {
 		if (argc - optind > MAX_DEVS)
-			fail(2, "at most %d devices", MAX_DEVS);
+			bad_flag("at most %d devices", MAX_DEVS);
 		for (int i = optind; i < argc; i++) {
 			fds[ndev].fd = open(argv[i], O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 			if (fds[ndev].fd < 0)
-				fail(1, "%s: %s", argv[i], strerror(errno));
+				fail("%s: %s", argv[i], strerror(errno));
 			ndev++;
 		}
 	} else {
@@ -152,12 +132,12 @@ int main(int argc, char **argv)
 		while ((n = scan_devices(nums)) == 0 && now() < give_up)
 			usleep(20000);
 		if (n == 0)
-			fail(1, "no input event device in /dev/input (is the evdev module loaded?)");
+			fail("no input event device in /dev/input (is the evdev module loaded?)");
 		for (int i = 0; i < n; i++) {
 			snprintf(path, sizeof(path), "/dev/input/event%d", nums[i]);
 			fds[ndev].fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 			if (fds[ndev].fd < 0)
-				fail(1, "%s: %s", path, strerror(errno));
+				fail("%s: %s", path, strerror(errno));
 			ndev++;
 		}
 	}
@@ -182,7 +162,7 @@ int main(int argc, char **argv)
 		if (ready < 0) {
 			if (errno == EINTR)
 				continue;
-			fail(1, "poll: %s", strerror(errno));
+			fail("poll: %s", strerror(errno));
 		}
 		for (int i = 0; i < ndev && ready > 0 && (!count || printed < count); i++) {
 			struct input_event ev[64];

@@ -27,9 +27,11 @@ HK_PYTHON=$HK_PYENV/bin/python
 # project installs what it needs from Debian packages (common.sh).
 HK_PYENV_BASE=/usr/bin/python3
 
-# _hk_pyenv_key: what the venv was built from (requirements, base Python).
+# _hk_pyenv_key: what the venv was built from (requirements, base Python,
+# and how this file builds it: bump the layout when that changes).
 _hk_pyenv_key() {
 	{
+		echo "layout 2"
 		cat "$HK_ROOT/scripts/python-requirements.txt"
 		"$HK_PYENV_BASE" -c 'import sys; print(sys.version)'
 	} | sha256sum | cut -d' ' -f1
@@ -65,6 +67,11 @@ hk_pyenv() {
 	hk_quiet "$HK_PYTHON" -m pip install --quiet --disable-pip-version-check --no-input \
 		--require-virtualenv -r "$HK_ROOT/scripts/python-requirements.txt" ||
 		hk_die "pip install -r scripts/python-requirements.txt failed"
+	# matplotlib's font cache, built once here: its default place (~/.config)
+	# is read-only in the rig, and building it there under TCG takes minutes.
+	# Users set MPLCONFIGDIR=build/pyenv/mplconfig (bench/spt.py does).
+	MPLCONFIGDIR=$HK_PYENV/mplconfig hk_quiet "$HK_PYTHON" -c 'import matplotlib.pyplot' ||
+		hk_die "matplotlib does not import in $HK_PYENV"
 	echo "$key" >"$stamp"
 	exec {fd}>&-
 }

@@ -111,6 +111,17 @@ pub enum ApiAction {
     /// Switch the display's update detection and/or refresh mode at run
     /// time; answered with [`ApiResponse::Empty`].
     DisplaySet(DisplaySettings),
+    /// Save the whole VM to a file (pausing it meanwhile); answered with
+    /// [`ApiResponse::Empty`] once the file is complete.
+    Snapshot(SnapshotRequest),
+}
+
+/// Body of `PUT /api/v1/vm.snapshot`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// Where to write the snapshot, as the VMM sees the filesystem.
+    pub path: String,
 }
 
 /// How the display finds framebuffer updates (docs/display.md).

@@ -11,7 +11,9 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::action::{ApiAction, BalloonTarget, DisplaySettings, ErrorBody, MmuSettings, SptPages};
+use crate::action::{
+    ApiAction, BalloonTarget, DisplaySettings, ErrorBody, MmuSettings, SnapshotRequest, SptPages,
+};
 use crate::http::{self, is_timeout, parse_response_head, read_more, write_all_by};
 use crate::Error;
 
@@ -19,6 +21,10 @@ use crate::Error;
 /// [`run_ctl`]. Generous, because the VMM may be busy (e.g. pausing vCPUs),
 /// but finite, so scripts never hang.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Time allowed for `snapshot`: the VMM writes all of guest RAM before it
+/// answers.
+pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Largest response accepted; far above any real answer, it only stops a
 /// confused peer from making the client buffer without bound.
@@ -180,7 +186,7 @@ fn is_token_byte(b: u8) -> bool {
 /// Separate from [`ApiAction`] because CLI verbs are a user interface
 /// (short names, confirmation texts) while actions are the protocol; a verb
 /// maps to exactly one action.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum CtlCommand {
     /// Check that the VMM answers; prints its version.
     Ping,
@@ -204,6 +210,8 @@ pub enum CtlCommand {
     Display,
     /// Switch the display's update detection and/or refresh mode.
     DisplaySet(DisplaySettings),
+    /// Save the VM to this file (a path as the VMM sees it).
+    Snapshot(String),
 }
 
 impl CtlCommand {
@@ -220,7 +228,7 @@ impl CtlCommand {
     ];
 
     /// The command's name on the command line.
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
             CtlCommand::Ping => "ping",
             CtlCommand::Info => "info",
@@ -230,12 +238,13 @@ impl CtlCommand {
             CtlCommand::Balloon | CtlCommand::BalloonSet(_) => "balloon",
             CtlCommand::Mmu | CtlCommand::MmuSet(_) => "mmu",
             CtlCommand::Display | CtlCommand::DisplaySet(_) => "display",
+            CtlCommand::Snapshot(_) => "snapshot",
         }
     }
 
     /// The API action the command performs.
-    pub fn action(self) -> ApiAction {
-        match self {
+    pub fn action(&self) -> ApiAction {
+        match self.clone() {
             CtlCommand::Ping => ApiAction::Ping,
             CtlCommand::Info => ApiAction::VmInfo,
             CtlCommand::Pause => ApiAction::Pause,
@@ -249,11 +258,12 @@ impl CtlCommand {
             CtlCommand::MmuSet(spt_pages) => ApiAction::MmuSet(MmuSettings { spt_pages }),
             CtlCommand::Display => ApiAction::DisplayInfo,
             CtlCommand::DisplaySet(settings) => ApiAction::DisplaySet(settings),
+            CtlCommand::Snapshot(path) => ApiAction::Snapshot(SnapshotRequest { path }),
         }
     }
 
     /// What to print when the VMM accepted the command without data.
-    fn confirmation(self) -> &'static str {
+    fn confirmation(&self) -> &'static str {
         match self {
             CtlCommand::Ping => "VMM is alive",
             CtlCommand::Info => "no information returned",
@@ -266,6 +276,7 @@ impl CtlCommand {
             CtlCommand::MmuSet(_) => "shadow-page budget set",
             CtlCommand::Display => "no display information returned",
             CtlCommand::DisplaySet(_) => "display switched",
+            CtlCommand::Snapshot(_) => "snapshot written",
         }
     }
 }
@@ -304,11 +315,16 @@ pub fn run_ctl(socket: &Path, command: &CtlCommand) -> Result<String, Error> {
         .action()
         .to_request()
         .map_err(|e| Error::InvalidRequest(format!("cannot encode request: {e}")))?;
-    let (status, body) = request(
+    let timeout = match command {
+        CtlCommand::Snapshot(_) => SNAPSHOT_TIMEOUT,
+        _ => DEFAULT_TIMEOUT,
+    };
+    let (status, body) = request_with_timeout(
         socket,
         spec.method.as_str(),
         spec.path,
         spec.body.as_deref(),
+        timeout,
     )?;
     if !(200..300).contains(&status) {
         return Err(Error::Refused {

@@ -169,6 +169,7 @@ routes! {
     Put "/api/v1/vm.mmu"      => MmuSet(settings);
     Get "/api/v1/vm.display"  => DisplayInfo;
     Put "/api/v1/vm.display"  => DisplaySet(settings);
+    Put "/api/v1/vm.snapshot" => Snapshot(request);
 }
 
 /// Result of looking a request up in [`ROUTES`].
@@ -235,6 +236,9 @@ mod tests {
             ApiAction::DisplaySet(crate::action::DisplaySettings {
                 dirty: Some(crate::action::DirtyDetection::Wp),
                 refresh: None,
+            }),
+            ApiAction::Snapshot(crate::action::SnapshotRequest {
+                path: "/tmp/vm.snap".into(),
             }),
         ];
         assert_eq!(actions.len(), ROUTES.len());

@@ -99,6 +99,7 @@ impl VmController for FakeVmm {
             }
             ApiAction::DisplayInfo => Ok(ApiResponse::Display(serde_json::json!({"dirty": "wp"}))),
             ApiAction::DisplaySet(_) => Ok(ApiResponse::Empty),
+            ApiAction::Snapshot(_) => Ok(ApiResponse::Empty),
         }
     }
 }
@@ -833,5 +834,28 @@ fn balloon_endpoints_carry_their_json() {
     // A body that is not a target is refused with 400.
     let (status, body) =
         client::request(&h.path, "PUT", "/api/v1/vm.balloon", Some(r#"{"size": 3}"#)).unwrap();
+    assert_eq!(status, 400, "{body}");
+}
+
+#[test]
+fn snapshot_endpoint_carries_the_path() {
+    let h = start();
+    assert_eq!(
+        client::run_ctl(&h.path, &CtlCommand::Snapshot("/tmp/vm.snap".into())).unwrap(),
+        "snapshot written"
+    );
+    assert_eq!(
+        h.vmm.actions.lock().unwrap().last(),
+        Some(&ApiAction::Snapshot(api::SnapshotRequest {
+            path: "/tmp/vm.snap".into()
+        }))
+    );
+    let (status, body) = client::request(
+        &h.path,
+        "PUT",
+        "/api/v1/vm.snapshot",
+        Some(r#"{"file": "x"}"#),
+    )
+    .unwrap();
     assert_eq!(status, 400, "{body}");
 }

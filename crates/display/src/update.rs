@@ -53,6 +53,10 @@ pub struct UpdateScanner {
     cells_y: usize,
     marked: Vec<bool>,
     page: Box<[u8; PAGE_SIZE]>,
+    /// The framebuffer as last scanned, in its own layout (the paper's
+    /// backup): an unchanged page is one 4 KiB comparison, whatever the
+    /// layout; only changed pages are walked pixel run by pixel run.
+    backup: Vec<u8>,
     /// The screen as it was before the current scan (kept in step with the
     /// screen after each scan), for move detection.
     before: Vec<u32>,
@@ -70,6 +74,7 @@ impl UpdateScanner {
             cells_y,
             marked: vec![false; cells_x * cells_y],
             page: Box::new([0; PAGE_SIZE]),
+            backup: vec![0; geometry.mapped_bytes()],
             before: vec![0; usize::from(geometry.width) * usize::from(geometry.height)],
             changed_runs: Vec::new(),
         }
@@ -89,6 +94,11 @@ impl UpdateScanner {
             }
             fb.read_page(page, &mut self.page);
             changes.pages_compared += 1;
+            let backup = &mut self.backup[page * PAGE_SIZE..(page + 1) * PAGE_SIZE];
+            if backup == &self.page[..] {
+                continue;
+            }
+            backup.copy_from_slice(&self.page[..]);
             let mut page_changed = false;
             let (marked, cells_x) = (&mut self.marked, self.cells_x);
             let changed_runs = &mut self.changed_runs;
@@ -358,5 +368,38 @@ mod tests {
             screens.push(screen.read().clone());
         }
         assert_eq!(screens[0], screens[1]);
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+    use crate::layout::Layout;
+
+    /// Not an assertion on speed (tests are not benchmarks): prints what a
+    /// full-frame compare costs here, for the docs' claim.
+    #[test]
+    #[ignore = "prints timings; run by hand"]
+    fn full_frame_compare_cost() {
+        for layout in [Layout::Linear, Layout::Tiled] {
+            let g = FbGeometry::new(1024, 768, layout).unwrap();
+            let fb = FramebufferMemory::new(g).unwrap();
+            let screen = Screen::new(1024, 768);
+            let mut scanner = UpdateScanner::new(g);
+            let mut all = PageSet::new(g.pages());
+            all.insert_all();
+            scanner.scan(&fb, &all, &screen);
+            let t = std::time::Instant::now();
+            for _ in 0..100 {
+                scanner.scan(&fb, &all, &screen);
+            }
+            eprintln!("{layout}: unchanged full frame {:?}", t.elapsed() / 100);
+            let t = std::time::Instant::now();
+            for i in 0..20u8 {
+                fb.write(0, &vec![i; g.bytes()]);
+                scanner.scan(&fb, &all, &screen);
+            }
+            eprintln!("{layout}: all pixels changed {:?}", t.elapsed() / 20);
+        }
     }
 }

@@ -36,6 +36,9 @@ pub struct VmConfig {
     /// `--display vnc=..,...` (docs/display.md), checked by the display's
     /// own parser.
     pub display: Option<String>,
+    /// `--restore FILE`: continue the VM saved in FILE instead of booting
+    /// (docs/snapshot.md).
+    pub restore: Option<PathBuf>,
 }
 
 /// Virtio devices as the command line gives them: each a `key=value,...`

@@ -18,6 +18,7 @@ use display::DisplayControl;
 use crate::boot::BootProtocol;
 use crate::event::{EventSender, VmmEvent};
 use crate::mmu::{MmuControl, SptBudget};
+use crate::snapshot::{SnapshotError, SnapshotSource};
 use crate::vcpu::{Desired, RunControl};
 use crate::vm::kick;
 use crate::Error;
@@ -69,6 +70,9 @@ pub struct VmControl {
     balloon: Option<Arc<BalloonControl>>,
     mmu: Option<Arc<MmuControl>>,
     display: Option<Arc<DisplayControl>>,
+    snapshot: Option<Arc<SnapshotSource>>,
+    /// A snapshot is being taken: the VM must stay paused until it is done.
+    snapshotting: AtomicBool,
 }
 
 // SAFETY: pthread_t is an opaque thread id (an integer on Linux); it is
@@ -94,7 +98,66 @@ impl VmControl {
             balloon,
             mmu: None,
             display: None,
+            snapshot: None,
+            snapshotting: AtomicBool::new(false),
         }
+    }
+
+    /// Serves `vm.snapshot` from `snapshot`.
+    pub fn with_snapshot(mut self, snapshot: Arc<SnapshotSource>) -> Self {
+        self.snapshot = Some(snapshot);
+        self
+    }
+
+    /// Pauses the VM (unless it is paused already), saves it to `path`, and
+    /// resumes it if it was running (docs/snapshot.md).
+    fn snapshot(&self, path: &str) -> Result<ApiResponse, ApiError> {
+        let source = self
+            .snapshot
+            .as_deref()
+            .ok_or_else(|| ApiError::not_implemented("this VM cannot be snapshotted"))?;
+        if path.trim().is_empty() {
+            return Err(ApiError::bad_request("path: give the snapshot file's path"));
+        }
+        source
+            .check_supported()
+            .map_err(|e| ApiError::conflict(e.to_string()))?;
+        if self.snapshotting.swap(true, Ordering::SeqCst) {
+            return Err(ApiError::conflict("a snapshot is already being taken"));
+        }
+        let result = self.snapshot_paused(source, Path::new(path));
+        self.snapshotting.store(false, Ordering::SeqCst);
+        result
+    }
+
+    fn snapshot_paused(
+        &self,
+        source: &SnapshotSource,
+        path: &Path,
+    ) -> Result<ApiResponse, ApiError> {
+        let was_running = match self.state() {
+            VmState::Running => true,
+            VmState::Paused => false,
+            VmState::ShuttingDown => return Err(ApiError::conflict("the VM is shutting down")),
+        };
+        if was_running {
+            if let Err(e) = self.pause() {
+                // Let the vCPUs that did park run again.
+                self.control.set_if(Desired::Pause, Desired::Run);
+                return Err(e);
+            }
+        }
+        let result = source.save(path, &self.control);
+        if was_running {
+            // Unless something stopped the VM meanwhile.
+            self.control.set_if(Desired::Pause, Desired::Run);
+        }
+        result.map(|_| ApiResponse::Empty).map_err(|e| match e {
+            SnapshotError::Io { .. } | SnapshotError::Open { .. } => {
+                ApiError::bad_request(e.to_string())
+            }
+            _ => ApiError::internal(e.to_string()),
+        })
     }
 
     /// Serves `vm.display` from `display`.
@@ -230,6 +293,11 @@ impl VmControl {
     }
 
     fn resume(&self) -> Result<ApiResponse, ApiError> {
+        if self.snapshotting.load(Ordering::SeqCst) {
+            return Err(ApiError::conflict(
+                "a snapshot is being taken; the VM resumes when it is written",
+            ));
+        }
         match self.state() {
             VmState::Paused => {
                 self.control.set(Desired::Run);
@@ -275,6 +343,7 @@ impl VmController for VmControl {
             }
             ApiAction::DisplayInfo => self.display_info(),
             ApiAction::DisplaySet(settings) => self.display_set(settings),
+            ApiAction::Snapshot(request) => self.snapshot(&request.path),
         }
     }
 }

@@ -11,7 +11,8 @@
 //!   talks to a running VM (terminal, Unix signals, control API);
 //! - [`event`]: why a VM ends, and hakoniwa's exit status for it;
 //! - [`mmu`], [`stats`]: the shadow-paging budget and KVM's statistics;
-//! - [`metrics`]: the periodic metrics file (`--metrics`).
+//! - [`metrics`]: the periodic metrics file (`--metrics`);
+//! - [`snapshot`]: saving a VM to a file and restoring it (`--restore`).
 
 pub mod boot;
 pub mod config;
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod mmu;
 pub mod platform;
 pub mod signals;
+pub mod snapshot;
 pub mod stats;
 pub mod vcpu;
 pub mod vm;
@@ -91,4 +93,6 @@ pub enum Error {
     Mmu(#[from] mmu::MmuError),
     #[error(transparent)]
     Metrics(#[from] metrics::MetricsError),
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
 }

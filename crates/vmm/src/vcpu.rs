@@ -57,11 +57,17 @@ pub enum Desired {
     Stop,
 }
 
+/// Work for one paused vCPU, run on its own thread (where its fd is used),
+/// e.g. saving its state for a snapshot.
+pub type VcpuJob = Box<dyn FnOnce(&mut Vcpu) + Send>;
+
 /// Shared between the VMM and its vCPU threads: the desired state and how
-/// many vCPUs are parked in it.
+/// many vCPUs are parked in it, and jobs for parked vCPUs.
 pub struct RunControl {
     state: Mutex<(Desired, usize)>,
     changed: Condvar,
+    /// (vCPU index, job); locked only with `state` held.
+    jobs: Mutex<Vec<(u8, VcpuJob)>>,
 }
 
 impl Default for RunControl {
@@ -69,6 +75,7 @@ impl Default for RunControl {
         RunControl {
             state: Mutex::new((Desired::Run, 0)),
             changed: Condvar::new(),
+            jobs: Mutex::new(Vec::new()),
         }
     }
 }
@@ -101,16 +108,68 @@ impl RunControl {
         guard.0 == Desired::Pause && guard.1 >= count
     }
 
-    /// Called by a vCPU thread: parks while paused; returns false to stop.
-    fn park_while_paused(&self) -> bool {
+    /// Sets the desired state to `to` if it is `from`; returns whether it
+    /// was.
+    pub fn set_if(&self, from: Desired, to: Desired) -> bool {
+        let mut guard = self.lock();
+        if guard.0 != from {
+            return false;
+        }
+        guard.0 = to;
+        self.changed.notify_all();
+        true
+    }
+
+    /// Hands `job` to vCPU `index`'s thread, which runs it while parked.
+    /// The VM must be paused; if it stops or resumes before the vCPU gets
+    /// to the job, the job is dropped unrun.
+    pub fn run_on_vcpu(&self, index: u8, job: VcpuJob) -> Result<(), String> {
+        let guard = self.lock();
+        if guard.0 != Desired::Pause {
+            return Err("the VM is not paused".into());
+        }
+        self.jobs_lock().push((index, job));
+        self.changed.notify_all();
+        drop(guard);
+        Ok(())
+    }
+
+    fn jobs_lock(&self) -> std::sync::MutexGuard<'_, Vec<(u8, VcpuJob)>> {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take_job(&self, index: u8) -> Option<VcpuJob> {
+        let mut jobs = self.jobs_lock();
+        let at = jobs.iter().position(|(i, _)| *i == index)?;
+        Some(jobs.remove(at).1)
+    }
+
+    /// Called by a vCPU thread: parks while paused, running the jobs given
+    /// to it meanwhile; returns false to stop.
+    fn park_while_paused(&self, vcpu: &mut Vcpu) -> bool {
         let mut guard = self.lock();
         if guard.0 == Desired::Pause {
             guard.1 += 1;
             self.changed.notify_all();
-            guard = self
-                .changed
-                .wait_while(guard, |(desired, _)| *desired == Desired::Pause)
-                .unwrap_or_else(|e| e.into_inner());
+            loop {
+                guard = self
+                    .changed
+                    .wait_while(guard, |(desired, _)| {
+                        *desired == Desired::Pause
+                            && !self.jobs_lock().iter().any(|(i, _)| *i == vcpu.index)
+                    })
+                    .unwrap_or_else(|e| e.into_inner());
+                if guard.0 != Desired::Pause {
+                    break;
+                }
+                if let Some(job) = self.take_job(vcpu.index) {
+                    drop(guard);
+                    job(vcpu);
+                    guard = self.lock();
+                }
+            }
+            // Jobs that came too late are dropped, never run at a later pause.
+            self.jobs_lock().retain(|(i, _)| *i != vcpu.index);
             guard.1 -= 1;
         }
         guard.0 != Desired::Stop
@@ -137,7 +196,8 @@ impl Vcpu {
 
     fn run_loop(mut self) {
         KVM_RUN_PTR.with(|p| p.set(self.fd.get_kvm_run() as *mut kvm_run));
-        while self.control.park_while_paused() {
+        let control = self.control.clone();
+        while control.park_while_paused(&mut self) {
             match self.run_once() {
                 Ok(None) => {}
                 Ok(Some(event)) => {
@@ -166,42 +226,75 @@ impl Vcpu {
             }
             Err(e) => return Err(format!("KVM_RUN failed: {e}")),
         };
-        match exit {
-            VcpuExit::IoIn(port, data) => {
-                if !self.pio.read(u64::from(port), data) {
-                    // Nothing decodes the port: the bus floats high.
-                    data.fill(0xff);
-                }
-            }
-            VcpuExit::IoOut(port, data) => {
-                self.pio.write(u64::from(port), data);
-            }
-            VcpuExit::MmioRead(addr, data) => {
-                if !self.mmio.read(addr, data) {
-                    data.fill(0xff);
-                }
-            }
-            VcpuExit::MmioWrite(addr, data) => {
-                self.mmio.write(addr, data);
-            }
-            VcpuExit::Intr => {}
-            VcpuExit::Shutdown => return Ok(Some(VmmEvent::TripleFault)),
-            VcpuExit::SystemEvent(kind, _) => match kind {
-                KVM_SYSTEM_EVENT_SHUTDOWN => {
-                    return Ok(Some(VmmEvent::Guest(PlatformExit::PowerOff)))
-                }
-                KVM_SYSTEM_EVENT_RESET => return Ok(Some(VmmEvent::Guest(PlatformExit::Reboot))),
-                other => return Err(format!("unexpected system event {other}")),
-            },
-            VcpuExit::Hlt => return Err("halted with the irqchip in userspace".into()),
-            VcpuExit::FailEntry(reason, cpu) => {
-                return Err(format!(
-                    "VM entry failed (hardware reason {reason:#x}, cpu {cpu})"
-                ))
-            }
-            VcpuExit::InternalError => return Err("KVM internal error (emulation failure)".into()),
-            other => return Err(format!("unexpected exit {other:?}")),
-        }
-        Ok(None)
+        dispatch(&self.pio, &self.mmio, exit)
     }
+
+    /// Completes an I/O or MMIO exit the guest has not seen the end of: KVM
+    /// finishes it (advances RIP, stores IN data) only when KVM_RUN is
+    /// entered again. Entering with `immediate_exit` set does that without
+    /// running guest code. Call on this vCPU's thread while it is paused.
+    pub fn complete_pending_io(&mut self) -> Result<(), String> {
+        // A string I/O instruction may need several round trips.
+        for _ in 0..64 {
+            self.fd.set_kvm_immediate_exit(1);
+            let result = self.fd.run();
+            match result {
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.fd.set_kvm_immediate_exit(0);
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.fd.set_kvm_immediate_exit(0);
+                    return Err(format!("KVM_RUN failed: {e}"));
+                }
+                Ok(exit) => {
+                    if let Some(event) = dispatch(&self.pio, &self.mmio, exit)? {
+                        self.fd.set_kvm_immediate_exit(0);
+                        return Err(format!("the guest ended while pausing: {event:?}"));
+                    }
+                }
+            }
+        }
+        self.fd.set_kvm_immediate_exit(0);
+        Err("pending I/O did not complete".into())
+    }
+}
+
+/// Hands one exit to the buses; returns an event if the VM must end.
+fn dispatch(pio: &Bus, mmio: &Bus, exit: VcpuExit) -> Result<Option<VmmEvent>, String> {
+    match exit {
+        VcpuExit::IoIn(port, data) => {
+            if !pio.read(u64::from(port), data) {
+                // Nothing decodes the port: the bus floats high.
+                data.fill(0xff);
+            }
+        }
+        VcpuExit::IoOut(port, data) => {
+            pio.write(u64::from(port), data);
+        }
+        VcpuExit::MmioRead(addr, data) => {
+            if !mmio.read(addr, data) {
+                data.fill(0xff);
+            }
+        }
+        VcpuExit::MmioWrite(addr, data) => {
+            mmio.write(addr, data);
+        }
+        VcpuExit::Intr => {}
+        VcpuExit::Shutdown => return Ok(Some(VmmEvent::TripleFault)),
+        VcpuExit::SystemEvent(kind, _) => match kind {
+            KVM_SYSTEM_EVENT_SHUTDOWN => return Ok(Some(VmmEvent::Guest(PlatformExit::PowerOff))),
+            KVM_SYSTEM_EVENT_RESET => return Ok(Some(VmmEvent::Guest(PlatformExit::Reboot))),
+            other => return Err(format!("unexpected system event {other}")),
+        },
+        VcpuExit::Hlt => return Err("halted with the irqchip in userspace".into()),
+        VcpuExit::FailEntry(reason, cpu) => {
+            return Err(format!(
+                "VM entry failed (hardware reason {reason:#x}, cpu {cpu})"
+            ))
+        }
+        VcpuExit::InternalError => return Err("KVM internal error (emulation failure)".into()),
+        other => return Err(format!("unexpected exit {other:?}")),
+    }
+    Ok(None)
 }

@@ -23,12 +23,16 @@ use crate::boot::{check_boot_files, load_boot_images};
 use crate::config::{format_size, VmConfig};
 use crate::console::{spawn_input_thread, RawTerminal};
 use crate::controller::{VmControl, VmDescription};
-use crate::display::{boot_framebuffer, default_inputs, layout_cmdline_word, start_display};
+use crate::display::{
+    boot_framebuffer, default_inputs, layout_cmdline_word, start_display, DisplayMetrics,
+};
 use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
 use crate::memory::{create_guest_memory, register_guest_memory, GuestMemoryMmap};
 use crate::metrics::{MetricsSink, MetricsSource, MetricsWriter};
 use crate::mmu::{AgentListener, MmuControl, SptBudget};
 use crate::platform::{create_virtio_devices, Platform};
+use crate::snapshot::restore as snapshot_restore;
+use crate::snapshot::SnapshotSource;
 use crate::vcpu::{install_kick_handler, kick_signal, Desired, RunControl, Vcpu};
 use crate::{signals, Error};
 
@@ -45,11 +49,19 @@ pub struct Vm {
 pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     signals::block_stop_signals()?;
     check_host_memory(config.memory_bytes)?;
-    check_boot_files(
-        &config.kernel,
-        config.initramfs.as_deref(),
-        config.memory_bytes,
-    )?;
+    // `--restore`: the snapshot, checked against the flags before any KVM
+    // work; the kernel is then not loaded, so not checked.
+    let mut restore = match &config.restore {
+        Some(path) => Some(snapshot_restore::open_for(config, path)?),
+        None => None,
+    };
+    if restore.is_none() {
+        check_boot_files(
+            &config.kernel,
+            config.initramfs.as_deref(),
+            config.memory_bytes,
+        )?;
+    }
     let display_config = parse_display(config)?;
     let mut virtio_config = config.virtio.clone();
     if let Some(display) = &display_config {
@@ -67,6 +79,12 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     let (events, ending) = channel();
     let control = Arc::new(RunControl::default());
     let kvm = Kvm::new().map_err(Error::OpenKvm)?;
+    // The MSRs a snapshot saves (docs/snapshot.md).
+    let msr_indices = kvm
+        .get_msr_index_list()
+        .map_err(|e| Error::Kvm("KVM_GET_MSR_INDEX_LIST", e))?
+        .as_slice()
+        .to_vec();
     let vm_fd = Arc::new(create_vm(&kvm)?);
     let memory = create_guest_memory(config.memory_bytes)?;
     register_guest_memory(&vm_fd, &memory)?;
@@ -100,15 +118,33 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     if let Some(display) = &display_config {
         cmdline = format!("{cmdline} {}", layout_cmdline_word(display));
     }
-    let entry = load_boot_images(
-        &memory,
-        config.memory_bytes,
-        &config.kernel,
-        config.initramfs.as_deref(),
-        &cmdline,
-        rsdp,
-        display_config.as_ref().map(boot_framebuffer),
-    )?;
+    // Booting loads the kernel; restoring loads RAM and the VM-wide KVM
+    // and device state instead, before any vCPU exists.
+    let entry = match &mut restore {
+        Some(reader) => {
+            snapshot_restore::check_devices(reader, &platform.devices)?;
+            reader.load_ram(&memory)?;
+            crate::snapshot::vm_state::restore_vm(&vm_fd, &reader.snapshot.vm)?;
+            let com1 = (&reader.snapshot.devices.com1).into();
+            platform
+                .serial
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .restore(&com1)
+                .map_err(|e| Error::Device("com1".into(), e))?;
+            None
+        }
+        None => Some(load_boot_images(
+            &memory,
+            config.memory_bytes,
+            &config.kernel,
+            config.initramfs.as_deref(),
+            &cmdline,
+            rsdp,
+            display_config.as_ref().map(boot_framebuffer),
+        )?),
+    };
+    let xsave_size = snapshot_restore::xsave_size(&vm_fd);
 
     install_kick_handler()?;
     let mut vm = Vm {
@@ -137,11 +173,27 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         patch_cpuid(&mut cpuid, index, cpuid_options);
         fd.set_cpuid2(&cpuid)
             .map_err(|e| Error::Kvm("KVM_SET_CPUID2", e))?;
-        arch::regs::setup_msrs(&fd)?;
-        arch::regs::setup_fpu(&fd)?;
-        arch::regs::setup_lint(&fd)?;
-        if index == 0 {
-            arch::regs::setup_boot_cpu(&fd, &memory, entry.mode)?;
+        match (&restore, &entry) {
+            (Some(reader), _) => {
+                let state = &reader.snapshot.vcpus[usize::from(index)];
+                let refused = crate::snapshot::vcpu_state::restore_vcpu(&fd, state, xsave_size)?;
+                if !refused.is_empty() {
+                    let list: Vec<String> = refused.iter().map(|m| format!("{m:#x}")).collect();
+                    eprint!(
+                        "hakoniwa: vCPU {index}: KVM did not restore MSRs {}\r\n",
+                        list.join(", ")
+                    );
+                }
+            }
+            (None, Some(entry)) => {
+                arch::regs::setup_msrs(&fd)?;
+                arch::regs::setup_fpu(&fd)?;
+                arch::regs::setup_lint(&fd)?;
+                if index == 0 {
+                    arch::regs::setup_boot_cpu(&fd, &memory, entry.mode)?;
+                }
+            }
+            (None, None) => unreachable!("a VM either boots or restores"),
         }
         vcpus.push(Vcpu {
             index,
@@ -161,7 +213,10 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     }
     // Periodic metrics (--metrics): "mmu" and "kvm"; a device with figures
     // of its own (the display: "display") adds its MetricsSource here.
-    let metrics_sources: Vec<Arc<dyn MetricsSource>> = vec![mmu.clone(), mmu.shared_stats()];
+    let mut metrics_sources: Vec<Arc<dyn MetricsSource>> = vec![mmu.clone(), mmu.shared_stats()];
+    if let Some(display) = &display {
+        metrics_sources.push(Arc::new(DisplayMetrics(display.control())));
+    }
     let metrics = match (metrics_sink, &config.metrics) {
         (Some(sink), Some(m)) => Some(MetricsWriter::start(sink, m.interval, metrics_sources)?),
         _ => None,
@@ -188,12 +243,43 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     };
     signals::spawn_signal_thread(events.clone())?;
 
+    let (kernel, cmdline, boot_protocol) = match (&restore, &entry) {
+        (Some(reader), _) => {
+            let machine = &reader.snapshot.machine;
+            (
+                machine.kernel.clone(),
+                machine.cmdline.clone(),
+                snapshot_restore::boot_protocol(machine),
+            )
+        }
+        (None, Some(entry)) => (
+            config.kernel.display().to_string(),
+            cmdline.clone(),
+            entry.protocol,
+        ),
+        (None, None) => unreachable!("a VM either boots or restores"),
+    };
+    let snapshot_source = Arc::new(SnapshotSource::new(
+        vm_fd.clone(),
+        memory.clone(),
+        platform.serial.clone(),
+        snapshot_restore::machine_state(
+            config,
+            &platform.devices,
+            boot_protocol,
+            kernel.clone(),
+            cmdline.clone(),
+        ),
+        msr_indices,
+        snapshot_restore::unsupported(config),
+    ));
+    drop(restore);
     let description = VmDescription {
         vcpus: config.vcpus,
         memory_bytes: config.memory_bytes,
-        kernel: config.kernel.display().to_string(),
-        cmdline: cmdline.clone(),
-        boot_protocol: entry.protocol,
+        kernel,
+        cmdline,
+        boot_protocol,
         devices: platform.devices,
     };
     let vcpu_pthreads = vm.vcpu_threads.iter().map(|t| t.as_pthread_t()).collect();
@@ -206,7 +292,8 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
             virtio_devices.balloon.clone(),
         )
         .with_mmu(mmu)
-        .with_display(display.as_ref().map(|d| d.control())),
+        .with_display(display.as_ref().map(|d| d.control()))
+        .with_snapshot(snapshot_source),
     );
     let _api_server = match &config.api_socket {
         Some(path) => Some(crate::controller::start_api_server(

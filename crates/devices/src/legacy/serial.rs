@@ -6,6 +6,7 @@
 use std::io::Write;
 
 use vm_superio::serial::SerialEvents;
+pub use vm_superio::serial::SerialState;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::EventFdTrigger;
@@ -56,6 +57,38 @@ impl Serial {
     /// How many more input bytes the FIFO accepts now.
     pub fn input_capacity(&self) -> usize {
         self.uart.fifo_capacity()
+    }
+
+    /// The UART's registers and receive FIFO, for a snapshot.
+    pub fn state(&self) -> SerialState {
+        self.uart.state()
+    }
+
+    /// Puts the UART in `state` (from [`Serial::state`]), keeping its
+    /// interrupt, input-space eventfd and output; raises the interrupt if
+    /// the restored registers say one is pending.
+    pub fn restore(&mut self, state: &SerialState) -> Result<(), String> {
+        let interrupt = self
+            .uart
+            .interrupt_evt()
+            .0
+            .try_clone()
+            .map_err(|e| e.to_string())?;
+        let input_space = self
+            .uart
+            .events()
+            .0
+            .try_clone()
+            .map_err(|e| e.to_string())?;
+        let out = std::mem::replace(self.uart.writer_mut(), Box::new(std::io::sink()));
+        self.uart = vm_superio::Serial::from_state(
+            state,
+            EventFdTrigger(interrupt),
+            InputSpace(input_space),
+            out,
+        )
+        .map_err(|e| format!("{e:?}"))?;
+        Ok(())
     }
 }
 
@@ -140,6 +173,24 @@ mod tests {
         let taken = serial.enqueue_input(&vec![b'x'; capacity + 10]);
         assert_eq!(taken, capacity);
         assert_eq!(serial.input_capacity(), 0);
+    }
+
+    #[test]
+    fn state_round_trips_and_output_still_works() {
+        let (mut first, _, _, sink) = serial();
+        first.write(3, &[0x03]); // LCR: 8 data bits
+        first.write(7, &[0x5a]); // scratch
+        first.enqueue_input(b"q");
+        let state = first.state();
+        let (mut other, _, _, other_sink) = serial();
+        other.restore(&state).unwrap();
+        assert_eq!(other.state(), state);
+        let mut byte = [0u8];
+        other.read(0, &mut byte);
+        assert_eq!(byte, [b'q']);
+        other.write(0, b"z");
+        assert_eq!(other_sink.0.lock().unwrap().as_slice(), b"z");
+        assert!(sink.0.lock().unwrap().is_empty());
     }
 
     #[test]

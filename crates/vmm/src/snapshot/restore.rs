@@ -1,0 +1,155 @@
+//! `run --restore FILE`: the checks made before any KVM work, and the
+//! state applied to the new VM before its vCPUs run.
+
+use std::path::Path;
+
+use kvm_ioctls::{Cap, VmFd};
+
+use super::file::SnapshotReader;
+use super::state::MachineState;
+use super::SnapshotError;
+use crate::boot::BootProtocol;
+use crate::config::{format_size, VmConfig};
+use crate::controller::DeviceDescription;
+
+/// What a VM built from `config` has that a snapshot cannot hold yet:
+/// (what, the flags that add it).
+pub fn unsupported(config: &VmConfig) -> Option<(String, String)> {
+    let v = &config.virtio;
+    let mut flags = Vec::new();
+    if !v.disks.is_empty() {
+        flags.push("--disk");
+    }
+    if !v.nets.is_empty() {
+        flags.push("--net");
+    }
+    if v.vsock.is_some() {
+        flags.push("--vsock");
+    }
+    if v.rng.is_some() {
+        flags.push("--rng");
+    }
+    if v.balloon.is_some() {
+        flags.push("--balloon");
+    }
+    if !v.inputs.is_empty() {
+        flags.push("--input");
+    }
+    if config.display.is_some() {
+        // The display adds virtio input devices and a framebuffer slot.
+        flags.push("--display");
+    }
+    if flags.is_empty() {
+        None
+    } else {
+        Some(("virtio devices".into(), flags.join(", ")))
+    }
+}
+
+/// Opens the snapshot `path` for a VM built from `config` and checks that
+/// the two agree: no KVM work, so a bad file or flag fails first.
+pub fn open_for(config: &VmConfig, path: &Path) -> Result<SnapshotReader, SnapshotError> {
+    if let Some((what, flags)) = unsupported(config) {
+        return Err(SnapshotError::Unsupported { what, flags });
+    }
+    let reader = SnapshotReader::open(path)?;
+    let machine = &reader.snapshot.machine;
+    let mismatch = |what: String| SnapshotError::Mismatch {
+        path: path.to_owned(),
+        what,
+    };
+    if machine.memory_bytes != config.memory_bytes {
+        return Err(mismatch(format!(
+            "it has {} of memory, --memory is {}",
+            format_size(machine.memory_bytes),
+            format_size(config.memory_bytes)
+        )));
+    }
+    if machine.vcpus != config.vcpus {
+        return Err(mismatch(format!(
+            "it has {} vCPUs, --cpus is {}",
+            machine.vcpus, config.vcpus
+        )));
+    }
+    let indices_ok = reader.snapshot.vcpus.len() == usize::from(machine.vcpus)
+        && reader
+            .snapshot
+            .vcpus
+            .iter()
+            .enumerate()
+            .all(|(i, v)| usize::from(v.index) == i);
+    if !indices_ok {
+        return Err(SnapshotError::Corrupt {
+            path: path.to_owned(),
+            what: "vCPU states do not match the vCPU count".into(),
+        });
+    }
+    Ok(reader)
+}
+
+/// The machine description a snapshot records for a VM.
+pub fn machine_state(
+    config: &VmConfig,
+    devices: &[DeviceDescription],
+    boot_protocol: BootProtocol,
+    kernel: String,
+    cmdline: String,
+) -> MachineState {
+    MachineState {
+        memory_bytes: config.memory_bytes,
+        vcpus: config.vcpus,
+        ram_regions: arch::layout::ram_regions(config.memory_bytes),
+        devices: device_list(devices),
+        boot_protocol: boot_protocol.name().into(),
+        kernel,
+        cmdline,
+    }
+}
+
+fn device_list(devices: &[DeviceDescription]) -> Vec<(String, String)> {
+    devices
+        .iter()
+        .map(|d| (d.id.clone(), d.kind.clone()))
+        .collect()
+}
+
+/// Checks the rebuilt VM's devices against the snapshot's.
+pub fn check_devices(
+    reader: &SnapshotReader,
+    devices: &[DeviceDescription],
+) -> Result<(), SnapshotError> {
+    let built = device_list(devices);
+    if built != reader.snapshot.machine.devices {
+        let names = |list: &[(String, String)]| {
+            list.iter()
+                .map(|(id, _)| id.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        return Err(SnapshotError::Mismatch {
+            path: reader.path().to_owned(),
+            what: format!(
+                "it has devices {}, this VM has {}",
+                names(&reader.snapshot.machine.devices),
+                names(&built)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The boot protocol a snapshot names.
+pub fn boot_protocol(machine: &MachineState) -> BootProtocol {
+    if machine.boot_protocol == BootProtocol::Pvh.name() {
+        BootProtocol::Pvh
+    } else {
+        BootProtocol::Linux64
+    }
+}
+
+/// How many bytes KVM_SET_XSAVE reads on this host.
+pub fn xsave_size(vm: &VmFd) -> usize {
+    usize::try_from(vm.check_extension_int(Cap::Xsave2))
+        .unwrap_or(0)
+        .max(4096)
+}

@@ -1,0 +1,140 @@
+//! The serializable state of a VM: what a snapshot's metadata section
+//! holds. KVM's own structures are kept whole (kvm-bindings serializes them
+//! as their raw bytes), so nothing KVM reports is lost in translation.
+
+use kvm_bindings::{
+    kvm_clock_data, kvm_cpuid_entry2, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state,
+    kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave,
+};
+use serde::{Deserialize, Serialize};
+
+/// Everything about a VM except its RAM, which follows in the file.
+#[derive(Serialize, Deserialize)]
+pub struct VmSnapshot {
+    /// How the VM was built; a restore must build the same machine.
+    pub machine: MachineState,
+    /// VM-wide KVM state: interrupt controllers, PIT, clock.
+    pub vm: VmLevelState,
+    /// One entry per vCPU, in index order.
+    pub vcpus: Vec<VcpuState>,
+    /// The platform devices that hold state outside KVM.
+    pub devices: DeviceStates,
+}
+
+/// The shape of the machine: what `run --restore` checks its flags against.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineState {
+    /// Guest RAM in bytes (`--memory`).
+    pub memory_bytes: u64,
+    /// Number of vCPUs (`--cpus`).
+    pub vcpus: u8,
+    /// Guest RAM regions (guest-physical start, length) in file order.
+    pub ram_regions: Vec<(u64, u64)>,
+    /// Device ids and kinds, as `vm.info` lists them.
+    pub devices: Vec<(String, String)>,
+    /// How the guest was booted (`linux-64bit`, `pvh`), for `vm.info`.
+    pub boot_protocol: String,
+    /// The kernel and command line it was booted with, for `vm.info`.
+    pub kernel: String,
+    pub cmdline: String,
+}
+
+/// The in-kernel irqchip, PIT and kvm-clock.
+#[derive(Serialize, Deserialize)]
+pub struct VmLevelState {
+    /// KVM_GET_IRQCHIP of the master PIC, the slave PIC and the IOAPIC.
+    pub pic_master: kvm_irqchip,
+    pub pic_slave: kvm_irqchip,
+    pub ioapic: kvm_irqchip,
+    /// KVM_GET_PIT2.
+    pub pit: kvm_pit_state2,
+    /// KVM_GET_CLOCK: the kvm-clock's value when the VM was paused.
+    pub clock: kvm_clock_data,
+}
+
+/// One MSR's index and value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MsrValue {
+    pub index: u32,
+    pub data: u64,
+}
+
+/// One vCPU's architectural and KVM-internal state.
+#[derive(Serialize, Deserialize)]
+pub struct VcpuState {
+    pub index: u8,
+    /// KVM_GET_CPUID2: what the guest was shown.
+    pub cpuid: Vec<kvm_cpuid_entry2>,
+    pub mp_state: kvm_mp_state,
+    pub regs: kvm_regs,
+    pub sregs: kvm_sregs,
+    /// KVM_GET_XSAVE: x87, SSE and AVX state (the legacy 4 KiB area).
+    pub xsave: kvm_xsave,
+    /// KVM_GET_XCRS (absent where KVM has no XSAVE support).
+    pub xcrs: Option<kvm_xcrs>,
+    pub debug_regs: kvm_debugregs,
+    pub lapic: kvm_lapic_state,
+    /// Every MSR KVM lists (KVM_GET_MSR_INDEX_LIST) that it could read for
+    /// this vCPU, TSC and kvm-clock MSRs included.
+    pub msrs: Vec<MsrValue>,
+    pub vcpu_events: kvm_vcpu_events,
+    /// KVM_GET_TSC_KHZ, for information (restore keeps the host's rate).
+    pub tsc_khz: Option<u32>,
+}
+
+/// State of the devices that live outside KVM.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStates {
+    /// COM1 (16550A).
+    pub com1: SerialRegisters,
+}
+
+/// vm-superio's `SerialState`, in a form serde can write.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SerialRegisters {
+    pub baud_divisor_low: u8,
+    pub baud_divisor_high: u8,
+    pub interrupt_enable: u8,
+    pub interrupt_identification: u8,
+    pub line_control: u8,
+    pub line_status: u8,
+    pub modem_control: u8,
+    pub modem_status: u8,
+    pub scratch: u8,
+    /// Bytes typed but not yet read by the guest.
+    pub in_buffer: Vec<u8>,
+}
+
+impl From<devices::legacy::serial::SerialState> for SerialRegisters {
+    fn from(s: devices::legacy::serial::SerialState) -> Self {
+        SerialRegisters {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
+    }
+}
+
+impl From<&SerialRegisters> for devices::legacy::serial::SerialState {
+    fn from(s: &SerialRegisters) -> Self {
+        devices::legacy::serial::SerialState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer.clone(),
+        }
+    }
+}
