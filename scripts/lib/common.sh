@@ -66,6 +66,38 @@ hk_need() {
 		hk_die "apt-get install ${missing[*]} failed"
 }
 
+# hk_need_qemu  makes sure qemu-system-x86_64 is QEMU 10 or newer, which the
+# rig (and the benchmarks' QEMU runs inside it) use. Debian bookworm's QEMU
+# 7.2 emulates nested SVM about three times slower under TCG, and its L1 hung
+# or panicked ("stack guard page was hit" in a vCPU thread) in about one full
+# guest-test run in two; bookworm-backports has QEMU 10 (docs/rig.md).
+# Backports get apt's low default priority, so nothing else changes source.
+HK_QEMU_MIN_MAJOR=10
+hk_need_qemu() {
+	local version
+	version=$(qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p')
+	[[ -n $version && $version -ge $HK_QEMU_MIN_MAJOR ]] && return 0
+	local suite
+	suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+	if [[ $suite == bookworm ]]; then
+		local list=/etc/apt/sources.list.d/hakoniwa-bookworm-backports.list
+		if ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+			hk_log "adding bookworm-backports to apt's sources (for QEMU $HK_QEMU_MIN_MAJOR)"
+			echo "deb http://deb.debian.org/debian bookworm-backports main" >"$list"
+			_hk_apt_updated=
+		fi
+		hk_apt_update
+		hk_log "installing qemu-system-x86 from bookworm-backports"
+		hk_quiet apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 ||
+			hk_die "apt-get install -t bookworm-backports qemu-system-x86 failed"
+	else
+		hk_need qemu-system-x86:qemu-system-x86_64
+	fi
+	version=$(qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p')
+	[[ -n $version && $version -ge $HK_QEMU_MIN_MAJOR ]] ||
+		hk_die "need QEMU $HK_QEMU_MIN_MAJOR or newer for the rig, have ${version:-none}"
+}
+
 # hk_build_deps  installs what `cargo build` needs beyond the Rust toolchain:
 # libclang for the bindgen run of userfaultfd-sys (the userfaultfd crate's
 # kernel bindings, used by the display's write-protect tracker).

@@ -70,8 +70,17 @@ impl SnapshotSource {
     /// Saves the VM to `path`; every vCPU must be parked (paused) and stay
     /// so until this returns. Returns the file's size.
     pub fn save(&self, path: &Path, control: &RunControl) -> Result<u64, SnapshotError> {
-        self.check_supported()?;
         let _busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        let snapshot = self.collect(control)?;
+        write_snapshot(path, &snapshot, &self.memory)
+    }
+
+    /// Gathers the whole VM's state except RAM: each vCPU's on its own
+    /// thread, then the VM-wide KVM state and the devices'. Every vCPU must
+    /// be parked (paused) and stay so until the state has been used (saved
+    /// to a file, or sent to a migration's destination).
+    pub fn collect(&self, control: &RunControl) -> Result<VmSnapshot, SnapshotError> {
+        self.check_supported()?;
         let mut vcpus = Vec::with_capacity(usize::from(self.machine.vcpus));
         for index in 0..self.machine.vcpus {
             let (reply, answer) = mpsc::channel();
@@ -103,12 +112,22 @@ impl SnapshotSource {
             .unwrap_or_else(|e| e.into_inner())
             .state()
             .into();
-        let snapshot = VmSnapshot {
+        Ok(VmSnapshot {
             machine: self.machine.clone(),
             vm,
             vcpus,
             devices: DeviceStates { com1 },
-        };
-        write_snapshot(path, &snapshot, &self.memory)
+        })
+    }
+
+    /// The machine this VM is: what a restore or a migration's destination
+    /// must build to take its state.
+    pub fn machine(&self) -> &MachineState {
+        &self.machine
+    }
+
+    /// Guest RAM.
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.memory
     }
 }
