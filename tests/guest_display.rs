@@ -27,17 +27,25 @@ fn python() -> PathBuf {
     python
 }
 
+/// How long one vnc_client.py run may take: vncdotool's own timeout covers
+/// only the connection, and its Twisted reactor has been seen to hang.
+const VNC_CLIENT_TIMEOUT_S: &str = "90";
+
 /// Runs tests/display/vnc_client.py; (success, stderr).
 fn vnc_client(args: &[&str]) -> (bool, String) {
-    let out = Command::new(python())
+    let out = Command::new("timeout")
+        .args(["-k", "5", VNC_CLIENT_TIMEOUT_S])
+        .arg(python())
         .arg(project_root().join("tests/display/vnc_client.py"))
         .args(args)
         .output()
         .expect("cannot run vnc_client.py");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).trim().to_string(),
-    )
+    let mut err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if out.status.code() == Some(124) || out.status.code().is_none() {
+        err =
+            format!("vnc_client.py {args:?} did not finish within {VNC_CLIENT_TIMEOUT_S} s; {err}");
+    }
+    (out.status.success(), err)
 }
 
 fn tmp(name: &str) -> String {
