@@ -170,6 +170,57 @@ impl PciConfigSpace {
     pub fn bars(&self) -> &[Bar] {
         &self.bars
     }
+
+    /// The 64 registers as the guest sees them now (for a snapshot).
+    pub fn registers(&self) -> Vec<u32> {
+        self.regs.to_vec()
+    }
+
+    /// Puts saved registers back, with each BAR (in the order of
+    /// [`bars`](Self::bars)) at the address it had. The saved registers
+    /// must be those of a function like this one: every bit the guest
+    /// cannot write (identity, class, capability layout, BAR types) must
+    /// be the same. The registers of a BAR the guest was sizing hold its
+    /// mask; the BAR stays at `bar_addresses` all the same.
+    pub fn restore_registers(&mut self, regs: &[u32], bar_addresses: &[u64]) -> Result<(), String> {
+        if regs.len() != self.regs.len() {
+            return Err(format!(
+                "{} configuration registers, not {}",
+                regs.len(),
+                self.regs.len()
+            ));
+        }
+        if bar_addresses.len() != self.bars.len() {
+            return Err(format!(
+                "{} BAR addresses for {} BARs",
+                bar_addresses.len(),
+                self.bars.len()
+            ));
+        }
+        if let Some(reg) =
+            (0..regs.len()).find(|&i| (regs[i] ^ self.regs[i]) & !self.writable[i] != 0)
+        {
+            return Err(format!(
+                "configuration register {:#x} is {:#010x}, this function has {:#010x} in its read-only bits",
+                reg * 4,
+                regs[reg],
+                self.regs[reg]
+            ));
+        }
+        for (bar, &address) in self.bars.iter().zip(bar_addresses) {
+            if address == 0 || !address.is_multiple_of(bar.size) {
+                return Err(format!(
+                    "BAR {} at {address:#x} is not aligned to its size {:#x}",
+                    bar.index, bar.size
+                ));
+            }
+        }
+        self.regs.copy_from_slice(regs);
+        for (bar, &address) in self.bars.iter_mut().zip(bar_addresses) {
+            bar.address = address;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -248,6 +299,40 @@ mod tests {
         // Only the writable bits change.
         s.write(0x48 / 4, 0xffff_ffff, 0xffff_ffff);
         assert_eq!(s.read(0x48 / 4), 0xc000_0011);
+    }
+
+    #[test]
+    fn registers_are_restored_and_foreign_ones_refused() {
+        let mut s = space();
+        s.add_bar64(0, 0xc000_0000, 0x8000);
+        s.write(1, 0x0006, 0xffff); // memory and bus master on
+        s.write(4, 0xd000_0000, 0xffff_ffff);
+        let saved = s.registers();
+
+        let mut fresh = space();
+        fresh.add_bar64(0, 0xc000_0000, 0x8000);
+        fresh.restore_registers(&saved, &[0xd000_0000]).unwrap();
+        assert_eq!(fresh.read(1) & 0xffff, 0x0006);
+        assert_eq!(fresh.read(4), 0xd000_0004);
+        assert_eq!(fresh.bars()[0].address, 0xd000_0000);
+
+        // Another device id, a short list, a misaligned BAR: refused, and
+        // nothing changed.
+        let mut other = saved.clone();
+        other[0] = 0x1041_1af4;
+        let mut target = space();
+        target.add_bar64(0, 0xc000_0000, 0x8000);
+        let err = target
+            .restore_registers(&other, &[0xd000_0000])
+            .unwrap_err();
+        assert!(err.contains("register 0x0"), "{err}");
+        assert!(target
+            .restore_registers(&saved[..10], &[0xd000_0000])
+            .is_err());
+        assert!(target.restore_registers(&saved, &[0xd000_1000]).is_err());
+        assert!(target.restore_registers(&saved, &[]).is_err());
+        assert_eq!(target.read(4), 0xc000_0004);
+        assert_eq!(target.bars()[0].address, 0xc000_0000);
     }
 
     #[test]

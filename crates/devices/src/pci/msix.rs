@@ -3,6 +3,7 @@
 //! with an irqfd); its route follows what the guest writes to the table.
 
 use crate::interrupt::{InterruptError, MsiMessage, MsiRouting, MsiVector};
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// MSI-X capability id.
@@ -27,6 +28,25 @@ impl Default for Entry {
             control: VECTOR_MASKED,
         }
     }
+}
+
+/// One table entry, saved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MsixEntryState {
+    pub address_lo: u32,
+    pub address_hi: u32,
+    pub data: u32,
+    /// The vector control word (bit 0: masked).
+    pub control: u32,
+}
+
+/// The table and pending bits of one function, saved. Enable and
+/// function mask are in the capability's control word, which is saved
+/// with the configuration space.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MsixState {
+    pub entries: Vec<MsixEntryState>,
+    pub pending: Vec<bool>,
 }
 
 /// MSI-X state of one function.
@@ -87,17 +107,83 @@ impl Msix {
         }
     }
 
+    /// The table and pending bits (for a snapshot).
+    pub fn state(&self) -> MsixState {
+        MsixState {
+            entries: self
+                .entries
+                .iter()
+                .map(|e| MsixEntryState {
+                    address_lo: e.message.address_lo,
+                    address_hi: e.message.address_hi,
+                    data: e.message.data,
+                    control: e.control,
+                })
+                .collect(),
+            pending: self.pending.clone(),
+        }
+    }
+
+    /// Puts a saved table and pending bits back, with the capability's
+    /// first dword `control_dword`, and routes every vector in KVM.
+    /// Nothing is delivered: on a VM being restored the vCPUs are not back
+    /// yet (see [`deliver_pending`](Self::deliver_pending)).
+    pub fn restore(&mut self, state: &MsixState, control_dword: u32) -> Result<(), String> {
+        if state.entries.len() != self.entries.len() || state.pending.len() != self.pending.len() {
+            return Err(format!(
+                "{} MSI-X vectors and {} pending bits, this function has {} vectors",
+                state.entries.len(),
+                state.pending.len(),
+                self.entries.len()
+            ));
+        }
+        for (entry, saved) in self.entries.iter_mut().zip(&state.entries) {
+            *entry = Entry {
+                message: MsiMessage {
+                    address_lo: saved.address_lo,
+                    address_hi: saved.address_hi,
+                    data: saved.data,
+                },
+                control: saved.control & VECTOR_MASKED,
+            };
+        }
+        self.pending.copy_from_slice(&state.pending);
+        let control = (control_dword >> 16) as u16;
+        self.enabled = control & CONTROL_ENABLE != 0;
+        self.function_masked = control & CONTROL_FUNCTION_MASK != 0;
+        for vector in 0..self.entries.len() {
+            self.route(vector)
+                .map_err(|e| format!("MSI-X vector {vector}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Delivers every pending vector that is not masked.
+    pub fn deliver_pending(&mut self) {
+        for vector in 0..self.entries.len() {
+            if !self.masked(vector) && std::mem::take(&mut self.pending[vector]) {
+                self.vectors[vector].trigger();
+            }
+        }
+    }
+
+    /// Points `vector`'s KVM route at its message, or removes it while
+    /// the vector is masked.
+    fn route(&self, vector: usize) -> Result<(), InterruptError> {
+        let message = (!self.masked(vector)).then_some(self.entries[vector].message);
+        self.vectors[vector].set_message(message)
+    }
+
     fn masked(&self, vector: usize) -> bool {
         !self.enabled || self.function_masked || self.entries[vector].control & VECTOR_MASKED != 0
     }
 
     /// Re-routes `vector` and delivers a pending interrupt it unmasked.
     fn update(&mut self, vector: usize) {
-        let message = (!self.masked(vector)).then_some(self.entries[vector].message);
-        if let Err(e) = self.vectors[vector].set_message(message) {
+        if let Err(e) = self.route(vector) {
             tracing::error!("MSI-X vector {vector}: {e}");
         }
-        if message.is_some() && std::mem::take(&mut self.pending[vector]) {
+        if !self.masked(vector) && std::mem::take(&mut self.pending[vector]) {
             self.vectors[vector].trigger();
         }
     }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::state::{DeviceState, QueuePosition, StateError};
 use crate::GuestMemoryMmap;
 
 /// How a device raises interrupts, whatever the transport does underneath
@@ -25,6 +26,19 @@ pub struct QueueEvents {
     /// Signalled when the driver kicks the queue (an ioeventfd: the kick
     /// does not stop the vCPU in userspace).
     pub kick: EventFd,
+}
+
+/// What a device serves once the driver is ready: everything
+/// [`VirtioDevice::activate`] gets, in one value, so a restore can hand the
+/// same to [`VirtioDevice::restore_state`].
+pub struct Activation {
+    pub memory: GuestMemoryMmap,
+    pub interrupt: Arc<dyn VirtioInterrupt>,
+    /// The queues the driver made ready (for a restore, already at their
+    /// saved positions).
+    pub queues: Vec<QueueEvents>,
+    /// The features the driver accepted.
+    pub acked_features: u64,
 }
 
 /// Why a device could not start.
@@ -49,8 +63,18 @@ pub enum ActivateError {
 /// that request (or put the device in an error state), never panic and
 /// never touch memory outside the guest.
 ///
+/// For snapshots and migration a device can be brought to rest and its
+/// state taken ([`pause`], [`save_state`]), then either continued where it
+/// stopped ([`resume`]) or rebuilt on another VM ([`restore_state`], then
+/// [`resume`]). The guest never sees any of it: no queue is reset, no
+/// request is lost or served twice.
+///
 /// [`activate`]: VirtioDevice::activate
 /// [`reset`]: VirtioDevice::reset
+/// [`pause`]: VirtioDevice::pause
+/// [`save_state`]: VirtioDevice::save_state
+/// [`resume`]: VirtioDevice::resume
+/// [`restore_state`]: VirtioDevice::restore_state
 pub trait VirtioDevice: Send {
     /// The virtio device id (VIRTIO_ID_*).
     fn device_type(&self) -> u32;
@@ -82,6 +106,39 @@ pub trait VirtioDevice: Send {
 
     /// Stops serving (joins the worker); the device may be activated again.
     fn reset(&mut self);
+
+    /// Brings an active device to rest: its threads stop (parked, not
+    /// torn down), every request it took off a queue is completed into the
+    /// used ring (with the interrupt the driver asked for), and it touches
+    /// neither guest memory nor its queues until [`resume`] or [`reset`].
+    /// Returns the position of each queue it serves; an inactive device
+    /// returns none. Pausing a paused device is harmless.
+    ///
+    /// [`resume`]: VirtioDevice::resume
+    /// [`reset`]: VirtioDevice::reset
+    fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError>;
+
+    /// Serves again, on the same queues from the same positions, after
+    /// [`pause`](VirtioDevice::pause) or
+    /// [`restore_state`](VirtioDevice::restore_state). A device that is not
+    /// active does nothing.
+    fn resume(&mut self) -> Result<(), StateError>;
+
+    /// The device's own state (configuration, and what it holds outside
+    /// guest memory). Taken while paused or inactive.
+    fn save_state(&self) -> DeviceState;
+
+    /// Puts `state` back into a device that no driver has touched. With
+    /// `activation` (the device was active when saved) it gets its queues
+    /// as [`activate`](VirtioDevice::activate) would, but stays paused
+    /// until [`resume`](VirtioDevice::resume) and does none of what a new
+    /// driver needs (the guest's driver is in the middle of its work).
+    /// Refuses state of another kind or of a device configured otherwise.
+    fn restore_state(
+        &mut self,
+        state: &DeviceState,
+        activation: Option<Activation>,
+    ) -> Result<(), StateError>;
 }
 
 /// Copies `config[offset..offset+data.len()]` into `data`, zeros past the

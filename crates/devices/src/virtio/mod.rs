@@ -15,10 +15,14 @@ pub mod input;
 pub mod net;
 pub mod pci;
 pub mod rng;
+pub mod state;
 pub mod vsock;
 pub mod worker;
 
-pub use device::{read_config_bytes, ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt};
+pub use device::{
+    read_config_bytes, ActivateError, Activation, QueueEvents, VirtioDevice, VirtioInterrupt,
+};
+pub use state::{DeviceState, QueuePosition, StateError};
 pub use virtio_queue::{Queue, QueueT};
 
 /// The device's features must always include this: virtio 1.x, not legacy.

@@ -19,13 +19,14 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
+use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::{QueueEvents, VirtioDevice, VirtioInterrupt};
+use super::{Activation, DeviceState, QueueEvents, StateError, VirtioDevice, VirtioInterrupt};
 use crate::bus::BusDevice;
 use crate::interrupt::{InterruptError, MsiRouting};
-use crate::pci::msix::Msix;
+use crate::pci::msix::{Msix, MsixState};
 use crate::pci::{BarMove, PciConfigSpace, PciDevice, PciIdentity};
 use crate::GuestMemoryMmap;
 
@@ -65,6 +66,10 @@ struct QueueSetup {
     desc: u64,
     driver: u64,
     device: u64,
+    /// Where the device starts in the rings: 0 for a new driver, the saved
+    /// position for a restored device.
+    next_avail: u16,
+    next_used: u16,
 }
 
 impl QueueSetup {
@@ -76,8 +81,55 @@ impl QueueSetup {
             desc: 0,
             driver: 0,
             device: 0,
+            next_avail: 0,
+            next_used: 0,
         }
     }
+}
+
+/// One queue of a virtio-pci function, saved: the registers the driver
+/// wrote and where the device stood in the rings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VirtioQueueState {
+    pub size: u16,
+    pub ready: bool,
+    /// Guest-physical addresses of the descriptor table, the available
+    /// ring ("driver area") and the used ring ("device area").
+    pub desc: u64,
+    pub driver: u64,
+    pub device: u64,
+    /// The MSI-X vector of the queue.
+    pub vector: u16,
+    /// The device's positions (0 unless the device was serving it).
+    pub next_avail: u16,
+    pub next_used: u16,
+}
+
+/// Everything about one virtio-pci function a snapshot keeps: PCI
+/// configuration space, BAR, MSI-X, the common configuration registers,
+/// the queues, and the device's own state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VirtioPciState {
+    /// The virtio device id (VIRTIO_ID_*).
+    pub device_type: u32,
+    /// The 64 dwords of PCI configuration space (command register, BAR
+    /// registers, the MSI-X capability's control word, ...).
+    pub config_space: Vec<u32>,
+    /// Where the BAR is mapped.
+    pub bar_address: u64,
+    pub msix: MsixState,
+    pub status: u8,
+    pub device_feature_select: u32,
+    pub driver_feature_select: u32,
+    pub driver_features: u64,
+    pub queue_select: u16,
+    pub config_generation: u8,
+    pub config_vector: u16,
+    pub isr: u16,
+    /// The device was serving its queues (DRIVER_OK, activated).
+    pub activated: bool,
+    pub queues: Vec<VirtioQueueState>,
+    pub device: DeviceState,
 }
 
 /// Raises a device's interrupts through its MSI-X vectors.
@@ -144,6 +196,9 @@ pub struct VirtioPciDevice {
     queue_select: u16,
     config_generation: u8,
     activated: bool,
+    /// Restored from a snapshot and not resumed yet: the first resume
+    /// interrupts every queue once.
+    restored: bool,
 }
 
 impl VirtioPciDevice {
@@ -228,6 +283,7 @@ impl VirtioPciDevice {
             queue_select: 0,
             config_generation: 0,
             activated: false,
+            restored: false,
         })
     }
 
@@ -378,15 +434,19 @@ impl VirtioPciDevice {
         }
     }
 
+    fn interrupt(&self) -> Arc<MsixInterrupt> {
+        Arc::new(MsixInterrupt {
+            msix: self.msix.clone(),
+            queue_vectors: self.queue_vectors.clone(),
+            config_vector: self.config_vector.clone(),
+            isr: self.isr.clone(),
+        })
+    }
+
     fn activate(&mut self) {
         match self.build_queues() {
             Ok(queues) => {
-                let interrupt = Arc::new(MsixInterrupt {
-                    msix: self.msix.clone(),
-                    queue_vectors: self.queue_vectors.clone(),
-                    config_vector: self.config_vector.clone(),
-                    isr: self.isr.clone(),
-                });
+                let interrupt = self.interrupt();
                 match self.device.activate(
                     self.memory.clone(),
                     interrupt,
@@ -436,6 +496,8 @@ impl VirtioPciDevice {
                 Some((setup.device >> 32) as u32),
             );
             queue.set_event_idx(event_idx);
+            queue.set_next_avail(setup.next_avail);
+            queue.set_next_used(setup.next_used);
             queue.set_ready(true);
             if !queue.is_valid(&self.memory) {
                 return Err(format!("queue {i} does not fit in guest memory"));
@@ -457,6 +519,7 @@ impl VirtioPciDevice {
             self.device.reset();
             self.activated = false;
         }
+        self.restored = false;
         self.status = 0;
         self.driver_features = 0;
         self.device_feature_select = 0;
@@ -470,22 +533,244 @@ impl VirtioPciDevice {
         }
     }
 
-    fn move_ioeventfds(&mut self, new_bar: u64) {
+    /// Moves the queue notification ioeventfds with the BAR; on failure
+    /// names the first queue that could not follow.
+    fn move_ioeventfds(&mut self, new_bar: u64) -> Result<(), String> {
+        let mut result = Ok(());
         for (i, kick) in self.kicks.iter().enumerate() {
             let old = IoEventAddress::Mmio(notify_address(self.bar_address, i));
             let new = IoEventAddress::Mmio(notify_address(new_bar, i));
-            let result = self
+            let moved = self
                 .vm
                 .unregister_ioevent(kick, &old, NoDatamatch)
                 .and_then(|_| self.vm.register_ioevent(kick, &new, NoDatamatch));
-            if let Err(e) = result {
-                tracing::error!(
-                    "virtio {}: cannot move queue {i} notification: {e}",
-                    self.device.id()
-                );
+            if let Err(e) = moved {
+                if result.is_ok() {
+                    result = Err(format!("cannot move queue {i}'s notification: {e}"));
+                }
             }
         }
         self.bar_address = new_bar;
+        result
+    }
+
+    /// Brings the device to rest (see [`VirtioDevice::pause`]) and returns
+    /// the function's whole state. The device stays paused until
+    /// [`resume`](Self::resume); the VM's vCPUs must be paused too, so the
+    /// driver changes nothing meanwhile. Taking the state of a paused
+    /// device again is harmless.
+    pub fn save_state(&mut self) -> Result<VirtioPciState, StateError> {
+        let positions = if self.activated {
+            self.device.pause()?
+        } else {
+            Vec::new()
+        };
+        let mut queues: Vec<VirtioQueueState> = self
+            .queues
+            .iter()
+            .zip(self.queue_vectors.iter())
+            .map(|(q, vector)| VirtioQueueState {
+                size: q.size,
+                ready: q.ready,
+                desc: q.desc,
+                driver: q.driver,
+                device: q.device,
+                vector: vector.load(Ordering::SeqCst),
+                next_avail: 0,
+                next_used: 0,
+            })
+            .collect();
+        for p in positions {
+            let queue = queues.get_mut(usize::from(p.index)).ok_or_else(|| {
+                StateError::Invalid(format!("the device reported queue {}", p.index))
+            })?;
+            queue.next_avail = p.next_avail;
+            queue.next_used = p.next_used;
+        }
+        Ok(VirtioPciState {
+            device_type: self.device.device_type(),
+            config_space: self.config.registers(),
+            bar_address: self.bar_address,
+            msix: self.msix.lock().unwrap_or_else(|e| e.into_inner()).state(),
+            status: self.status,
+            device_feature_select: self.device_feature_select,
+            driver_feature_select: self.driver_feature_select,
+            driver_features: self.driver_features,
+            queue_select: self.queue_select,
+            config_generation: self.config_generation,
+            config_vector: self.config_vector.load(Ordering::SeqCst),
+            isr: self.isr.load(Ordering::SeqCst),
+            activated: self.activated,
+            queues,
+            device: self.device.save_state(),
+        })
+    }
+
+    /// Lets a device paused by [`save_state`](Self::save_state), or
+    /// restored by [`restore_state`](Self::restore_state), serve again from
+    /// where it stopped. Every ready queue is kicked once: a kick the
+    /// driver made while the device was paused, or into the eventfd of the
+    /// VMM that took the snapshot, must not be lost (with EVENT_IDX the
+    /// driver does not kick again until the device catches up). A restored
+    /// device also interrupts every queue once, in case the interrupt for
+    /// its last used buffers was raised after the vCPUs' state was taken.
+    /// Resuming a running device only costs those kicks.
+    pub fn resume(&mut self) -> Result<(), StateError> {
+        self.msix
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .deliver_pending();
+        if !self.activated {
+            return Ok(());
+        }
+        self.device.resume()?;
+        let ready: Vec<usize> = (0..self.queues.len())
+            .filter(|&i| self.queues[i].ready)
+            .collect();
+        for &i in &ready {
+            // Fails only if the counter would overflow: then it is readable.
+            let _ = self.kicks[i].write(1);
+        }
+        if std::mem::take(&mut self.restored) {
+            let interrupt = self.interrupt();
+            for &i in &ready {
+                interrupt.notify_queue(i as u16);
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts a saved state into this function, freshly attached and not
+    /// touched by a driver, with the same device behind it. PCI
+    /// configuration, MSI-X routes, the ioeventfds (moved with the BAR if
+    /// it was elsewhere) and the common configuration come back; a device
+    /// that was serving gets its queues at the saved positions, without
+    /// the guest doing anything, but stays paused until
+    /// [`resume`](Self::resume) (its interrupts would be lost before the
+    /// vCPUs are restored). Returns the BAR's move when it was elsewhere,
+    /// for the MMIO bus to follow.
+    pub fn restore_state(&mut self, state: &VirtioPciState) -> Result<Option<BarMove>, StateError> {
+        if self.activated || self.status != 0 {
+            return Err(StateError::Invalid(
+                "a driver already uses this device; only a new one is restored".into(),
+            ));
+        }
+        if state.device_type != self.device.device_type() {
+            return Err(StateError::Mismatch(format!(
+                "the device was of virtio type {}, this one is of type {}",
+                state.device_type,
+                self.device.device_type()
+            )));
+        }
+        if state.queues.len() != self.queues.len() {
+            return Err(StateError::Mismatch(format!(
+                "the device had {} queues, this one has {}",
+                state.queues.len(),
+                self.queues.len()
+            )));
+        }
+        let offered = self.device.device_features();
+        if state.driver_features & !offered != 0 {
+            return Err(StateError::Mismatch(format!(
+                "the driver accepted features {:#x}, this device offers {offered:#x}",
+                state.driver_features
+            )));
+        }
+        let vector_count = self.queues.len() as u16 + 1;
+        let vector_ok = |v: u16| v == NO_VECTOR || v < vector_count;
+        if !vector_ok(state.config_vector) {
+            return Err(StateError::Invalid(format!(
+                "configuration vector {}",
+                state.config_vector
+            )));
+        }
+        for (i, (q, setup)) in state.queues.iter().zip(&self.queues).enumerate() {
+            if !q.size.is_power_of_two() || q.size > setup.max_size {
+                return Err(StateError::Invalid(format!(
+                    "queue {i} has size {}",
+                    q.size
+                )));
+            }
+            if !vector_ok(q.vector) {
+                return Err(StateError::Invalid(format!(
+                    "queue {i} has vector {}",
+                    q.vector
+                )));
+            }
+        }
+        if state.activated && state.status & STATUS_DRIVER_OK == 0 {
+            return Err(StateError::Invalid(
+                "an active device without DRIVER_OK".into(),
+            ));
+        }
+
+        self.config
+            .restore_registers(&state.config_space, &[state.bar_address])
+            .map_err(StateError::Invalid)?;
+        let old_bar = self.bar_address;
+        let moved = if state.bar_address != old_bar {
+            self.move_ioeventfds(state.bar_address)
+                .map_err(StateError::Platform)?;
+            Some(BarMove {
+                old: old_bar,
+                new: state.bar_address,
+                size: BAR_SIZE,
+            })
+        } else {
+            None
+        };
+        let control = self.config.read(self.msix_cap_dword);
+        self.msix
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .restore(&state.msix, control)
+            .map_err(StateError::Platform)?;
+
+        self.status = state.status;
+        self.device_feature_select = state.device_feature_select;
+        self.driver_feature_select = state.driver_feature_select;
+        self.driver_features = state.driver_features;
+        self.queue_select = state.queue_select;
+        self.config_generation = state.config_generation;
+        self.config_vector
+            .store(state.config_vector, Ordering::SeqCst);
+        self.isr.store(state.isr, Ordering::SeqCst);
+        for ((setup, vector), saved) in self
+            .queues
+            .iter_mut()
+            .zip(self.queue_vectors.iter())
+            .zip(&state.queues)
+        {
+            setup.size = saved.size;
+            setup.ready = saved.ready;
+            setup.desc = saved.desc;
+            setup.driver = saved.driver;
+            setup.device = saved.device;
+            setup.next_avail = saved.next_avail;
+            setup.next_used = saved.next_used;
+            vector.store(saved.vector, Ordering::SeqCst);
+        }
+
+        let activation = if state.activated {
+            let queues = self.build_queues().map_err(StateError::Invalid)?;
+            Some(Activation {
+                memory: self.memory.clone(),
+                interrupt: self.interrupt(),
+                queues,
+                acked_features: self.driver_features,
+            })
+        } else {
+            None
+        };
+        // Positions only ever apply to the activation they were saved with.
+        for setup in &mut self.queues {
+            setup.next_avail = 0;
+            setup.next_used = 0;
+        }
+        self.device.restore_state(&state.device, activation)?;
+        self.activated = state.activated;
+        self.restored = state.activated;
+        Ok(moved)
     }
 }
 
@@ -648,7 +933,9 @@ impl PciDevice for VirtioPciDevice {
                 .write_control(dword);
         }
         let (bar, new) = moved?;
-        self.move_ioeventfds(new);
+        if let Err(e) = self.move_ioeventfds(new) {
+            tracing::error!("virtio {}: {e}", self.device.id());
+        }
         Some(BarMove {
             old: bar.address,
             new,

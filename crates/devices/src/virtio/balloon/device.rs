@@ -4,18 +4,22 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::EventSet;
 
-use super::control::{BalloonControl, BalloonStats};
+use super::control::{BalloonControl, BalloonCounters, BalloonStats};
 use super::{
     BalloonConfig, BALLOON_PAGE_SHIFT, BALLOON_PAGE_SIZE, VIRTIO_BALLOON_F_DEFLATE_ON_OOM,
     VIRTIO_BALLOON_F_STATS_VQ, VIRTIO_ID_BALLOON,
 };
 use crate::options::OptionsError;
-use crate::virtio::device::{ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt};
-use crate::virtio::worker::{spawn_worker, Worker, WorkerHandler};
+use crate::virtio::device::{
+    ActivateError, Activation, QueueEvents, VirtioDevice, VirtioInterrupt,
+};
+use crate::virtio::state::{DeviceState, QueuePosition, StateError};
+use crate::virtio::worker::{parked_worker, EpollLoop, Worker, WorkerHandler};
 use crate::GuestMemoryMmap;
 
 /// The size of each queue.
@@ -29,13 +33,33 @@ const MAX_PFNS_PER_BUFFER: usize = 256 * 1024;
 /// The most statistics read from one stats buffer.
 const MAX_STATS: usize = 64;
 
+/// What a snapshot keeps of a balloon: the sizes the host asked for and
+/// the guest reported, the stats buffer the device holds, and its counters.
+/// The pages in the balloon are in guest memory (as zero pages).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalloonState {
+    /// The feature bits offered (stats queue, deflate on OOM).
+    pub features: u64,
+    /// The target (`num_pages`), in 4 KiB pages.
+    pub num_pages: u32,
+    /// The balloon's size as the guest reported it (`actual`).
+    pub actual: u32,
+    /// The head of the stats buffer the device held, returned to the
+    /// guest at the next request for statistics.
+    pub held_stats: Option<u16>,
+    pub inflated_pages: u64,
+    pub deflated_pages: u64,
+    pub invalid_pfns: u64,
+    pub discard_errors: u64,
+}
+
 /// A virtio memory balloon.
 pub struct Balloon {
     id: String,
     features: u64,
     queue_sizes: Vec<u16>,
     control: Arc<BalloonControl>,
-    worker: Option<Worker>,
+    worker: Option<Worker<EpollLoop<BalloonHandler>>>,
 }
 
 impl Balloon {
@@ -137,6 +161,146 @@ impl VirtioDevice for Balloon {
         acked_features: u64,
     ) -> Result<(), ActivateError> {
         self.reset();
+        let mut worker = self.parked_worker(
+            Activation {
+                memory,
+                interrupt,
+                queues,
+                acked_features,
+            },
+            None,
+        )?;
+        worker
+            .resume()
+            .map_err(|e| ActivateError::Worker(e.to_string()))?;
+        self.worker = Some(worker);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        // Dropping the worker stops and joins it; the queues (and the stats
+        // buffer it held) go with it.
+        self.worker = None;
+        let mut state = self.control.lock();
+        state.interrupt = None;
+        state.actual = 0;
+        state.stats_negotiated = false;
+        state.stats_requested = false;
+    }
+
+    fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
+        let Some(worker) = &mut self.worker else {
+            return Ok(Vec::new());
+        };
+        // Each buffer is handled whole on the worker thread (pages are
+        // discarded before it is returned): nothing is in flight once it
+        // is parked.
+        let handler = worker
+            .park()
+            .map_err(|e| StateError::Pause(e.to_string()))?
+            .handler_mut();
+        let mut positions = vec![
+            QueuePosition::of(handler.inflate.index, &handler.inflate.queue),
+            QueuePosition::of(handler.deflate.index, &handler.deflate.queue),
+        ];
+        if let Some(stats) = &handler.stats {
+            positions.push(QueuePosition::of(stats.index, &stats.queue));
+        }
+        Ok(positions)
+    }
+
+    fn resume(&mut self) -> Result<(), StateError> {
+        match &mut self.worker {
+            Some(worker) => worker
+                .resume()
+                .map_err(|e| StateError::Resume(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    fn save_state(&self) -> DeviceState {
+        // Only a parked worker can be looked at; a running one's buffer
+        // would be stale the moment it was read.
+        let held_stats = self
+            .worker
+            .as_ref()
+            .and_then(|w| w.parked_ref())
+            .and_then(|l| l.handler().held_stats);
+        let state = self.control.lock();
+        DeviceState::Balloon(BalloonState {
+            features: self.features,
+            num_pages: state.num_pages,
+            actual: state.actual,
+            held_stats,
+            inflated_pages: state.counters.inflated_pages,
+            deflated_pages: state.counters.deflated_pages,
+            invalid_pfns: state.counters.invalid_pfns,
+            discard_errors: state.counters.discard_errors,
+        })
+    }
+
+    fn restore_state(
+        &mut self,
+        state: &DeviceState,
+        activation: Option<Activation>,
+    ) -> Result<(), StateError> {
+        let DeviceState::Balloon(saved) = state else {
+            return Err(state.wrong_kind("balloon"));
+        };
+        if saved.features != self.features {
+            return Err(StateError::Mismatch(
+                "the balloon had other features (stats, deflate_on_oom); give --balloon the same options"
+                    .into(),
+            ));
+        }
+        self.reset();
+        if let Some(activation) = activation {
+            if let Some(head) = saved.held_stats {
+                let size = activation
+                    .queues
+                    .iter()
+                    .find(|q| q.index == STATS)
+                    .map(|q| q.queue.size());
+                if size.is_none_or(|size| head >= size) {
+                    return Err(StateError::Invalid(format!(
+                        "held stats buffer {head} is not in the stats queue"
+                    )));
+                }
+            }
+            let worker = self
+                .parked_worker(activation, saved.held_stats)
+                .map_err(|e| StateError::Mismatch(e.to_string()))?;
+            self.worker = Some(worker);
+        }
+        // The host's target stands (the guest may be moving towards it),
+        // and so does what the guest last reported.
+        let mut control = self.control.lock();
+        control.num_pages = saved.num_pages;
+        control.actual = saved.actual;
+        control.counters = BalloonCounters {
+            inflated_pages: saved.inflated_pages,
+            deflated_pages: saved.deflated_pages,
+            invalid_pfns: saved.invalid_pfns,
+            discard_errors: saved.discard_errors,
+        };
+        Ok(())
+    }
+}
+
+impl Balloon {
+    /// The worker for `activation`'s queues, parked, holding `held_stats`
+    /// (a restored device) or no stats buffer (a new driver).
+    fn parked_worker(
+        &self,
+        activation: Activation,
+        held_stats: Option<u16>,
+    ) -> Result<Worker<EpollLoop<BalloonHandler>>, ActivateError> {
+        let Activation {
+            memory,
+            interrupt,
+            queues,
+            acked_features,
+        } = activation;
         let stats_acked = self.features & acked_features & (1 << VIRTIO_BALLOON_F_STATS_VQ) != 0;
         let needed = if stats_acked { 3 } else { 2 };
         let got = queues.len();
@@ -176,32 +340,20 @@ impl VirtioDevice for Balloon {
             control: self.control.clone(),
             inflate,
             deflate,
+            held_stats: held_stats.filter(|_| stats.is_some()),
             stats,
-            held_stats: None,
             pfns: Vec::new(),
         };
         // Forget a stale wake-up from before.
         let _ = self.control.wake.read();
-        let worker = spawn_worker(format!("{}-virtio", self.id), fds, handler)
+        let worker = parked_worker(format!("{}-virtio", self.id), fds, handler)
             .map_err(|e| ActivateError::Worker(e.to_string()))?;
-        self.worker = Some(worker);
         let mut state = self.control.lock();
         state.interrupt = Some(interrupt);
         state.memory_bytes = Some(memory_bytes);
         state.stats_negotiated = stats_acked;
         state.stats_requested = false;
-        Ok(())
-    }
-
-    fn reset(&mut self) {
-        // Dropping the worker stops and joins it; the queues (and the stats
-        // buffer it held) go with it.
-        self.worker = None;
-        let mut state = self.control.lock();
-        state.interrupt = None;
-        state.actual = 0;
-        state.stats_negotiated = false;
-        state.stats_requested = false;
+        Ok(worker)
     }
 }
 

@@ -24,7 +24,7 @@ mod device;
 mod tests;
 
 pub use control::{BalloonControl, BalloonCounters, BalloonError, BalloonStats};
-pub use device::Balloon;
+pub use device::{Balloon, BalloonState};
 
 use crate::options::{invalid, Options, OptionsError};
 

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
 
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO,
@@ -31,8 +33,11 @@ use super::request::{
     MAX_DISCARD_SEG, MAX_WRITE_ZEROES_SECTORS,
 };
 use super::{BlockConfig, BlockError, SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
-use crate::virtio::worker::{spawn_worker, Worker, WorkerHandler};
-use crate::virtio::{ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt, COMMON_FEATURES};
+use crate::virtio::worker::{parked_worker, EpollLoop, Worker, WorkerHandler};
+use crate::virtio::{
+    ActivateError, Activation, DeviceState, QueueEvents, QueuePosition, StateError, VirtioDevice,
+    VirtioInterrupt, COMMON_FEATURES,
+};
 use crate::GuestMemoryMmap;
 
 /// Size of the request queue.
@@ -53,6 +58,22 @@ const PHYSICAL_BLOCK_EXP: u8 = 3;
 
 const KICK_TOKEN: usize = 0;
 const DONE_TOKEN: usize = 1;
+/// How long a pause waits for the requests in flight to complete: a
+/// flush of a large writeback cache can take a while.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What a snapshot keeps of a disk: what the guest's driver learned of it
+/// at probe time and still relies on. The data is in the image, which a
+/// snapshot does not copy (see docs/snapshot.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockState {
+    /// The capacity in 512-byte sectors.
+    pub capacity: u64,
+    /// Offered VIRTIO_BLK_F_RO.
+    pub readonly: bool,
+    /// The feature bits offered.
+    pub features: u64,
+}
 
 /// A virtio-blk device on a disk image.
 pub struct Block {
@@ -216,10 +237,133 @@ impl VirtioDevice for Block {
         &mut self,
         memory: GuestMemoryMmap,
         interrupt: Arc<dyn VirtioInterrupt>,
-        mut queues: Vec<QueueEvents>,
+        queues: Vec<QueueEvents>,
         acked_features: u64,
     ) -> Result<(), ActivateError> {
         self.reset();
+        let mut running = self.parked(Activation {
+            memory,
+            interrupt,
+            queues,
+            acked_features,
+        })?;
+        running
+            .worker
+            .resume()
+            .map_err(|e| ActivateError::Worker(e.to_string()))?;
+        self.running = Some(running);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        if let Some(Running { worker, pool }) = self.running.take() {
+            // Stops the queue thread first: that drops the job sender, so
+            // the I/O threads finish what they are doing and leave.
+            drop(worker);
+            drop(pool);
+        }
+    }
+
+    fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
+        let Some(running) = &mut self.running else {
+            return Ok(Vec::new());
+        };
+        let handler = running
+            .worker
+            .park()
+            .map_err(|e| StateError::Pause(e.to_string()))?
+            .handler_mut();
+        // The I/O threads may still be running requests the queue thread
+        // took: wait for them, so that everything the guest submitted is
+        // in the used ring (or still in the available ring) when the state
+        // is taken. The I/O threads stay, idle, for the resume.
+        handler.drain(DRAIN_TIMEOUT).map_err(|left| {
+            StateError::Pause(format!(
+                "{left} requests still in flight after {}s",
+                DRAIN_TIMEOUT.as_secs()
+            ))
+        })?;
+        Ok(vec![QueuePosition::of(handler.index, &handler.queue)])
+    }
+
+    fn resume(&mut self) -> Result<(), StateError> {
+        match &mut self.running {
+            Some(running) => running
+                .worker
+                .resume()
+                .map_err(|e| StateError::Resume(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    fn save_state(&self) -> DeviceState {
+        DeviceState::Block(BlockState {
+            capacity: self.capacity,
+            readonly: self.config.readonly,
+            features: self.features,
+        })
+    }
+
+    fn restore_state(
+        &mut self,
+        state: &DeviceState,
+        activation: Option<Activation>,
+    ) -> Result<(), StateError> {
+        let DeviceState::Block(saved) = state else {
+            return Err(state.wrong_kind("block"));
+        };
+        // The guest's driver sized its disk and chose its features when it
+        // probed: another image size or read-only setting would go unseen.
+        if saved.capacity != self.capacity {
+            return Err(StateError::Mismatch(format!(
+                "the disk had {} sectors, {} has {}",
+                saved.capacity,
+                self.config.path.display(),
+                self.capacity
+            )));
+        }
+        if saved.readonly != self.config.readonly {
+            return Err(StateError::Mismatch(format!(
+                "the disk was {}, --disk makes it {}",
+                access_name(saved.readonly),
+                access_name(self.config.readonly)
+            )));
+        }
+        if saved.features != self.features {
+            return Err(StateError::Mismatch(format!(
+                "the disk offered features {:#x}, this one offers {:#x}",
+                saved.features, self.features
+            )));
+        }
+        self.reset();
+        if let Some(activation) = activation {
+            let running = self
+                .parked(activation)
+                .map_err(|e| StateError::Mismatch(e.to_string()))?;
+            self.running = Some(running);
+        }
+        Ok(())
+    }
+}
+
+fn access_name(readonly: bool) -> &'static str {
+    if readonly {
+        "read-only"
+    } else {
+        "read-write"
+    }
+}
+
+impl Block {
+    /// The queue thread (parked) and the I/O pool (running, waiting for
+    /// requests) for `activation`'s queue.
+    fn parked(&self, activation: Activation) -> Result<Running, ActivateError> {
+        let Activation {
+            memory,
+            interrupt,
+            mut queues,
+            acked_features,
+        } = activation;
         if queues.len() != 1 {
             return Err(ActivateError::QueueCount {
                 got: queues.len(),
@@ -280,23 +424,14 @@ impl VirtioDevice for Block {
             done_evt,
             done_rx,
             jobs: job_tx,
+            in_flight: 0,
             interrupt,
         };
         // On failure the handler (and with it the job sender) is dropped,
         // so `pool` winds down when dropped.
         let worker =
-            spawn_worker(format!("{}-queue", self.name), fds, handler).map_err(worker_err)?;
-        self.running = Some(Running { worker, pool });
-        Ok(())
-    }
-
-    fn reset(&mut self) {
-        if let Some(Running { worker, pool }) = self.running.take() {
-            // Stops the queue thread first: that drops the job sender, so
-            // the I/O threads finish what they are doing and leave.
-            drop(worker);
-            drop(pool);
-        }
+            parked_worker(format!("{}-queue", self.name), fds, handler).map_err(worker_err)?;
+        Ok(Running { worker, pool })
     }
 }
 
@@ -318,7 +453,7 @@ impl Drop for Block {
 }
 
 struct Running {
-    worker: Worker,
+    worker: Worker<EpollLoop<QueueHandler>>,
     pool: Pool,
 }
 
@@ -400,6 +535,8 @@ struct QueueHandler {
     done_evt: EventFd,
     done_rx: Receiver<(u16, u32)>,
     jobs: Sender<Job>,
+    /// Requests handed to the I/O threads and not yet in the used ring.
+    in_flight: usize,
     interrupt: Arc<dyn VirtioInterrupt>,
 }
 
@@ -421,6 +558,7 @@ impl QueueHandler {
                 if self.jobs.send(job).is_err() {
                     return;
                 }
+                self.in_flight += 1;
             }
             match self.queue.enable_notification(&*self.mem) {
                 // More arrived meanwhile; but if nothing could be taken the
@@ -440,11 +578,45 @@ impl QueueHandler {
     fn complete(&mut self) {
         let mut added = false;
         while let Ok((head, len)) = self.done_rx.try_recv() {
-            match self.queue.add_used(&*self.mem, head, len) {
-                Ok(()) => added = true,
-                Err(e) => tracing::warn!("{}: cannot complete request {head}: {e}", self.name),
+            added |= self.add_used(head, len);
+        }
+        self.notify_if_added(added);
+    }
+
+    /// Puts one finished request in the used ring; whether it went in.
+    fn add_used(&mut self, head: u16, len: u32) -> bool {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        match self.queue.add_used(&*self.mem, head, len) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("{}: cannot complete request {head}: {e}", self.name);
+                false
             }
         }
+    }
+
+    /// Waits (on the caller's thread, the queue thread being parked) until
+    /// every request in flight is in the used ring, then interrupts if the
+    /// driver wants it. On timeout, returns how many are still out.
+    fn drain(&mut self, timeout: Duration) -> Result<(), usize> {
+        let deadline = Instant::now() + timeout;
+        let mut added = false;
+        let mut result = Ok(());
+        while self.in_flight > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.done_rx.recv_timeout(left) {
+                Ok((head, len)) => added |= self.add_used(head, len),
+                Err(_) => {
+                    result = Err(self.in_flight);
+                    break;
+                }
+            }
+        }
+        self.notify_if_added(added);
+        result
+    }
+
+    fn notify_if_added(&mut self, added: bool) {
         if added {
             match self.queue.needs_notification(&*self.mem) {
                 Ok(false) => {}

@@ -40,7 +40,7 @@ use std::str::FromStr;
 
 use crate::options::{invalid, Options, OptionsError};
 
-pub use device::Block;
+pub use device::{Block, BlockState};
 pub use io::{AlignedBuf, DiskBackend, FileDisk, MemDisk};
 pub use metrics::BlockMetrics;
 pub use request::{process_chain, Request, RequestContext, RequestError, RequestType};

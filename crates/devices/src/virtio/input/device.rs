@@ -4,14 +4,18 @@ use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use virtio_queue::QueueT;
 use vmm_sys_util::epoll::EventSet;
 
 use super::config::{Profile, CONFIG_SIZE};
-use super::control::InputControl;
+use super::control::{InputControl, EVENT_QUEUE_CAPACITY};
 use super::{InputConfig, InputEvent, InputKind, VIRTIO_ID_INPUT};
-use crate::virtio::device::{ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt};
-use crate::virtio::worker::{spawn_worker, Worker, WorkerHandler};
+use crate::virtio::device::{
+    ActivateError, Activation, QueueEvents, VirtioDevice, VirtioInterrupt,
+};
+use crate::virtio::state::{DeviceState, QueuePosition, StateError};
+use crate::virtio::worker::{parked_worker, EpollLoop, Worker, WorkerHandler};
 use crate::GuestMemoryMmap;
 
 /// The size of each queue.
@@ -22,6 +26,23 @@ const STATUSQ: u16 = 1;
 /// The most status events read from one buffer.
 const MAX_STATUS_EVENTS: usize = 64;
 
+/// What a snapshot keeps of an input device: which kind it is (its
+/// configuration space follows from that), the configuration selector the
+/// driver last wrote, the LEDs the guest set, and the events waiting for
+/// guest buffers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputState {
+    /// `keyboard` or `tablet`.
+    pub kind: String,
+    /// The tablet's largest ABS_X and ABS_Y.
+    pub abs_max: (u32, u32),
+    pub select: u8,
+    pub subsel: u8,
+    pub leds: u32,
+    /// Events not yet delivered: (type, code, value).
+    pub pending: Vec<(u16, u16, i32)>,
+}
+
 /// A virtio keyboard or tablet.
 pub struct Input {
     id: String,
@@ -29,7 +50,7 @@ pub struct Input {
     select: u8,
     subsel: u8,
     control: Arc<InputControl>,
-    worker: Option<Worker>,
+    worker: Option<Worker<EpollLoop<InputHandler>>>,
 }
 
 impl Input {
@@ -119,9 +140,138 @@ impl VirtioDevice for Input {
         memory: GuestMemoryMmap,
         interrupt: Arc<dyn VirtioInterrupt>,
         queues: Vec<QueueEvents>,
-        _acked_features: u64,
+        acked_features: u64,
     ) -> Result<(), ActivateError> {
         self.reset();
+        let mut worker = self.parked_worker(Activation {
+            memory,
+            interrupt,
+            queues,
+            acked_features,
+        })?;
+        {
+            let mut state = self.control.lock();
+            state.pending.clear();
+            state.active = true;
+        }
+        let _ = self.control.wake.read();
+        if let Err(e) = worker.resume() {
+            self.control.lock().active = false;
+            return Err(ActivateError::Worker(e.to_string()));
+        }
+        self.worker = Some(worker);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.worker = None;
+        let mut state = self.control.lock();
+        state.active = false;
+        state.pending.clear();
+        state.leds = 0;
+    }
+
+    fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
+        let Some(worker) = &mut self.worker else {
+            return Ok(Vec::new());
+        };
+        // Events sent meanwhile wait in the control's queue (and are
+        // saved with it); the wake-up stays pending for the resume.
+        let handler = worker
+            .park()
+            .map_err(|e| StateError::Pause(e.to_string()))?
+            .handler_mut();
+        Ok(vec![
+            QueuePosition::of(EVENTQ, &handler.eventq.queue),
+            QueuePosition::of(STATUSQ, &handler.statusq.queue),
+        ])
+    }
+
+    fn resume(&mut self) -> Result<(), StateError> {
+        match &mut self.worker {
+            Some(worker) => worker
+                .resume()
+                .map_err(|e| StateError::Resume(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    fn save_state(&self) -> DeviceState {
+        let state = self.control.lock();
+        DeviceState::Input(InputState {
+            kind: self.profile.kind.name().to_string(),
+            abs_max: self.profile.abs_max,
+            select: self.select,
+            subsel: self.subsel,
+            leds: state.leds,
+            pending: state
+                .pending
+                .iter()
+                .map(|e| (e.event_type, e.code, e.value))
+                .collect(),
+        })
+    }
+
+    fn restore_state(
+        &mut self,
+        state: &DeviceState,
+        activation: Option<Activation>,
+    ) -> Result<(), StateError> {
+        let DeviceState::Input(saved) = state else {
+            return Err(state.wrong_kind("input"));
+        };
+        // The driver read what the device is from the configuration space.
+        if saved.kind != self.profile.kind.name() || saved.abs_max != self.profile.abs_max {
+            return Err(StateError::Mismatch(format!(
+                "the device was a {} with axes to {:?}, --input makes a {} with axes to {:?}",
+                saved.kind,
+                saved.abs_max,
+                self.profile.kind.name(),
+                self.profile.abs_max
+            )));
+        }
+        if saved.pending.len() > EVENT_QUEUE_CAPACITY {
+            return Err(StateError::Invalid(format!(
+                "{} pending input events, at most {EVENT_QUEUE_CAPACITY} are kept",
+                saved.pending.len()
+            )));
+        }
+        self.reset();
+        if let Some(activation) = activation {
+            let worker = self
+                .parked_worker(activation)
+                .map_err(|e| StateError::Mismatch(e.to_string()))?;
+            self.worker = Some(worker);
+            let _ = self.control.wake.read();
+        }
+        self.select = saved.select;
+        self.subsel = saved.subsel;
+        let mut control = self.control.lock();
+        control.active = self.worker.is_some();
+        control.leds = saved.leds;
+        if control.active {
+            control.pending = saved
+                .pending
+                .iter()
+                .map(|&(event_type, code, value)| InputEvent::new(event_type, code, value))
+                .collect();
+        }
+        Ok(())
+    }
+}
+
+impl Input {
+    /// The worker for `activation`'s queues, parked.
+    fn parked_worker(
+        &self,
+        activation: Activation,
+    ) -> Result<Worker<EpollLoop<InputHandler>>, ActivateError> {
+        let Activation {
+            memory,
+            interrupt,
+            queues,
+            ..
+        } = activation;
         let got = queues.len();
         let mut slots: [Option<QueueEvents>; 2] = [None, None];
         for q in queues {
@@ -145,12 +295,6 @@ impl VirtioDevice for Input {
             statusq.kick.as_raw_fd(),
             self.control.wake.as_raw_fd(),
         ];
-        {
-            let mut state = self.control.lock();
-            state.pending.clear();
-            state.active = true;
-        }
-        let _ = self.control.wake.read();
         let handler = InputHandler {
             memory,
             interrupt,
@@ -158,24 +302,8 @@ impl VirtioDevice for Input {
             eventq,
             statusq,
         };
-        match spawn_worker(format!("{}-virtio", self.id), fds, handler) {
-            Ok(worker) => {
-                self.worker = Some(worker);
-                Ok(())
-            }
-            Err(e) => {
-                self.control.lock().active = false;
-                Err(ActivateError::Worker(e.to_string()))
-            }
-        }
-    }
-
-    fn reset(&mut self) {
-        self.worker = None;
-        let mut state = self.control.lock();
-        state.active = false;
-        state.pending.clear();
-        state.leds = 0;
+        parked_worker(format!("{}-virtio", self.id), fds, handler)
+            .map_err(|e| ActivateError::Worker(e.to_string()))
     }
 }
 

@@ -25,7 +25,7 @@ pub use config::{
     CONFIG_SIZE,
 };
 pub use control::{InputControl, EVENT_QUEUE_CAPACITY};
-pub use device::Input;
+pub use device::{Input, InputState};
 pub use event::{codes, InputEvent};
 
 use crate::options::{invalid, Options, OptionsError};

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
     VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF,
@@ -9,13 +10,17 @@ use virtio_bindings::virtio_net::{
 };
 use virtio_queue::QueueT;
 
-use super::handler::{NetHandler, NetWorker};
+use super::handler::{NetHandler, NetLoop};
 use super::{
     derived_mac, NetBackend, NetConfig, NetMetrics, NetMetricsSnapshot, Tap, TapError, QUEUE_SIZE,
     RX_QUEUE, TX_QUEUE,
 };
 use crate::options::OptionsError;
-use crate::virtio::{ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt, COMMON_FEATURES};
+use crate::virtio::worker::Worker;
+use crate::virtio::{
+    ActivateError, Activation, DeviceState, QueueEvents, QueuePosition, StateError, VirtioDevice,
+    VirtioInterrupt, COMMON_FEATURES,
+};
 use crate::GuestMemoryMmap;
 
 const fn bit(b: u32) -> u64 {
@@ -36,6 +41,18 @@ const OFFLOAD_FEATURES: u64 = bit(VIRTIO_NET_F_CSUM)
 /// max_virtqueue_pairs u16, mtu u16.
 const CONFIG_LEN: usize = 12;
 
+/// What a snapshot keeps of a net device: the configuration space and
+/// features the guest's driver read at probe time. A restore needs the
+/// same (`--net` with the same MAC and MTU); frames in flight on the wire
+/// are not part of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetState {
+    /// `mac`, `status`, `max_virtqueue_pairs`, `mtu`, as the guest reads them.
+    pub config: Vec<u8>,
+    /// The feature bits offered.
+    pub features: u64,
+}
+
 /// Why a net device could not be made (one line; the caller names the
 /// flag).
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +71,7 @@ pub struct Net {
     features: u64,
     config: [u8; CONFIG_LEN],
     metrics: Arc<NetMetrics>,
-    worker: Option<NetWorker>,
+    worker: Option<Worker<NetLoop>>,
 }
 
 impl Net {
@@ -180,6 +197,104 @@ impl VirtioDevice for Net {
         acked_features: u64,
     ) -> Result<(), ActivateError> {
         self.reset();
+        let mut worker = self.parked_worker(Activation {
+            memory,
+            interrupt,
+            queues,
+            acked_features,
+        })?;
+        worker
+            .resume()
+            .map_err(|e| ActivateError::Worker(e.to_string()))?;
+        self.worker = Some(worker);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        // Dropping the worker stops and joins it; the queues go with it.
+        self.worker = None;
+    }
+
+    fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
+        let Some(worker) = &mut self.worker else {
+            return Ok(Vec::new());
+        };
+        // Frames are moved whole on the worker thread: once it is parked
+        // nothing is half done. A frame read from the back end that the
+        // guest had no buffer for stays with the handler.
+        let handler = &worker
+            .park()
+            .map_err(|e| StateError::Pause(e.to_string()))?
+            .handler;
+        Ok(handler.positions())
+    }
+
+    fn resume(&mut self) -> Result<(), StateError> {
+        match &mut self.worker {
+            Some(worker) => worker
+                .resume()
+                .map_err(|e| StateError::Resume(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    fn save_state(&self) -> DeviceState {
+        DeviceState::Net(NetState {
+            config: self.config.to_vec(),
+            features: self.features,
+        })
+    }
+
+    fn restore_state(
+        &mut self,
+        state: &DeviceState,
+        activation: Option<Activation>,
+    ) -> Result<(), StateError> {
+        let DeviceState::Net(saved) = state else {
+            return Err(state.wrong_kind("net"));
+        };
+        if saved.config.len() != CONFIG_LEN {
+            return Err(StateError::Invalid(format!(
+                "net configuration of {} bytes, not {CONFIG_LEN}",
+                saved.config.len()
+            )));
+        }
+        // The guest's driver took its MAC and MTU at probe time.
+        if saved.config[..6] != self.config[..6] {
+            let mut mac = [0u8; 6];
+            mac.copy_from_slice(&saved.config[..6]);
+            return Err(StateError::Mismatch(format!(
+                "the guest's MAC is {}, --net gives {}",
+                super::format_mac(&mac),
+                super::format_mac(&self.mac)
+            )));
+        }
+        if saved.config != self.config || saved.features != self.features {
+            return Err(StateError::Mismatch(
+                "the device had another MTU or features; give --net the same options".into(),
+            ));
+        }
+        self.reset();
+        if let Some(activation) = activation {
+            let worker = self
+                .parked_worker(activation)
+                .map_err(|e| StateError::Mismatch(e.to_string()))?;
+            self.worker = Some(worker);
+        }
+        Ok(())
+    }
+}
+
+impl Net {
+    /// The worker for `activation`'s queues, parked; the back end gets the
+    /// offloads the driver accepted (a restored device's TAP too).
+    fn parked_worker(&self, activation: Activation) -> Result<Worker<NetLoop>, ActivateError> {
+        let Activation {
+            memory,
+            interrupt,
+            queues,
+            acked_features,
+        } = activation;
         if queues.len() != 2 {
             return Err(ActivateError::QueueCount {
                 got: queues.len(),
@@ -218,14 +333,8 @@ impl VirtioDevice for Net {
             acked_features & bit(VIRTIO_NET_F_MRG_RXBUF) != 0,
             self.metrics.clone(),
         );
-        let worker = NetWorker::spawn(format!("{}-worker", self.id), handler)
-            .map_err(|e| ActivateError::Worker(e.to_string()))?;
-        self.worker = Some(worker);
-        Ok(())
-    }
-
-    fn reset(&mut self) {
-        // Dropping the worker stops and joins it; the queues go with it.
-        self.worker = None;
+        NetLoop::new(handler)
+            .and_then(|body| Worker::parked(format!("{}-worker", self.id), body))
+            .map_err(|e| ActivateError::Worker(e.to_string()))
     }
 }

@@ -11,15 +11,15 @@ use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::{NetBackend, NetMetrics, MAX_FRAME_LEN, NET_HDR_LEN, NUM_BUFFERS_OFFSET};
 use super::{RX_QUEUE, TX_QUEUE};
-use crate::virtio::{QueueEvents, VirtioInterrupt};
+use crate::virtio::worker::WorkerLoop;
+use crate::virtio::{QueueEvents, QueuePosition, VirtioInterrupt};
 use crate::GuestMemoryMmap;
 
 const STOP: u64 = 0;
@@ -329,20 +329,18 @@ impl NetHandler {
     }
 }
 
-/// The running worker thread; stops and joins it when dropped.
-pub(super) struct NetWorker {
-    stop: EventFd,
-    thread: Option<JoinHandle<()>>,
+/// The worker's loop: the handler and the epoll set it waits on.
+pub(super) struct NetLoop {
+    epoll: Epoll,
+    pub(super) handler: NetHandler,
 }
 
-impl NetWorker {
-    pub(super) fn spawn(name: String, mut handler: NetHandler) -> io::Result<NetWorker> {
+impl NetLoop {
+    pub(super) fn new(handler: NetHandler) -> io::Result<NetLoop> {
         let epoll = Epoll::new()?;
-        let stop = EventFd::new(EFD_NONBLOCK)?;
         let add = |fd, events, token| {
             epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(events, token))
         };
-        add(stop.as_raw_fd(), EventSet::IN, STOP)?;
         add(handler.rx_kick.as_raw_fd(), EventSet::IN, RX_KICK)?;
         add(handler.tx_kick.as_raw_fd(), EventSet::IN, TX_KICK)?;
         add(
@@ -350,57 +348,78 @@ impl NetWorker {
             EventSet::IN | EventSet::EDGE_TRIGGERED,
             BACKEND,
         )?;
-        let thread = std::thread::Builder::new().name(name).spawn(move || {
-            let mut events = vec![EpollEvent::default(); 8];
-            // Buffers may have been queued before we started.
-            handler.process_tx();
-            handler.process_rx();
-            loop {
-                let timeout = if handler.has_work() { 0 } else { -1 };
-                let ready = match epoll.wait(timeout, &mut events) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        tracing::error!("net worker: epoll failed: {e}");
-                        return;
-                    }
-                };
-                let mut tx = false;
-                for event in &events[..ready] {
-                    match event.data() {
-                        STOP => return,
-                        RX_KICK => {
-                            let _ = handler.rx_kick.read();
-                            handler.rx_stalled = false;
-                        }
-                        TX_KICK => {
-                            let _ = handler.tx_kick.read();
-                            tx = true;
-                        }
-                        BACKEND => handler.backend_readable = true,
-                        _ => {}
-                    }
-                }
-                if tx || handler.tx_more {
-                    handler.process_tx();
-                }
-                if handler.wants_rx() {
-                    handler.process_rx();
-                }
-            }
-        })?;
-        Ok(NetWorker {
-            stop,
-            thread: Some(thread),
-        })
+        Ok(NetLoop { epoll, handler })
     }
 }
 
-impl Drop for NetWorker {
-    fn drop(&mut self) {
-        let _ = self.stop.write(1);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+impl NetHandler {
+    /// Where the rx and tx queues stand.
+    pub(super) fn positions(&self) -> Vec<QueuePosition> {
+        vec![
+            QueuePosition::of(RX_QUEUE, &self.rx),
+            QueuePosition::of(TX_QUEUE, &self.tx),
+        ]
+    }
+}
+
+impl WorkerLoop for NetLoop {
+    fn prepare(&mut self, stop: &EventFd) -> io::Result<()> {
+        self.epoll.ctl(
+            ControlOperation::Add,
+            stop.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, STOP),
+        )
+    }
+
+    fn run(&mut self, stop: &EventFd) {
+        let handler = &mut self.handler;
+        let mut events = vec![EpollEvent::default(); 8];
+        // Buffers may have been queued before we started (or while parked;
+        // the back end's edge, if any came meanwhile, is still pending in
+        // the epoll set).
+        handler.process_tx();
+        handler.process_rx();
+        loop {
+            let timeout = if handler.has_work() { 0 } else { -1 };
+            let ready = match self.epoll.wait(timeout, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::error!("net worker: epoll failed: {e}");
+                    return;
+                }
+            };
+            let mut tx = false;
+            // The back end is edge-triggered: every event of the batch is
+            // noted even when told to stop, or its edge would be lost.
+            let mut stopping = false;
+            for event in &events[..ready] {
+                match event.data() {
+                    STOP => {
+                        let _ = stop.read();
+                        stopping = true;
+                    }
+                    RX_KICK => {
+                        let _ = handler.rx_kick.read();
+                        handler.rx_stalled = false;
+                    }
+                    TX_KICK => {
+                        let _ = handler.tx_kick.read();
+                        tx = true;
+                    }
+                    BACKEND => handler.backend_readable = true,
+                    _ => {}
+                }
+            }
+            if stopping {
+                return;
+            }
+            if tx || handler.tx_more {
+                handler.process_tx();
+            }
+            if handler.wants_rx() {
+                handler.process_rx();
+            }
         }
     }
 }

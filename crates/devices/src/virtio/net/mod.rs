@@ -29,7 +29,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use device::{Net, NetError};
+pub use device::{Net, NetError, NetState};
 pub use tap::{Tap, TapError};
 
 use crate::options::{invalid, Options, OptionsError};

@@ -15,8 +15,9 @@ use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::device::{ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt};
-use super::worker::{spawn_worker, Worker, WorkerHandler};
+use super::device::{ActivateError, Activation, QueueEvents, VirtioDevice, VirtioInterrupt};
+use super::state::{DeviceState, QueuePosition, StateError};
+use super::worker::{parked_worker, EpollLoop, Worker, WorkerHandler};
 use crate::options::{invalid, Options, OptionsError};
 use crate::GuestMemoryMmap;
 
@@ -73,7 +74,7 @@ pub(crate) fn check_id(id: &str) -> Result<(), OptionsError> {
 /// A virtio entropy device.
 pub struct Rng {
     id: String,
-    worker: Option<Worker>,
+    worker: Option<Worker<EpollLoop<RngHandler>>>,
 }
 
 impl Rng {
@@ -93,6 +94,40 @@ impl Rng {
     /// Whether a worker is serving the queue.
     pub fn is_active(&self) -> bool {
         self.worker.is_some()
+    }
+
+    /// The worker for `activation`'s queue, parked.
+    fn parked_worker(
+        &self,
+        activation: Activation,
+    ) -> Result<Worker<EpollLoop<RngHandler>>, ActivateError> {
+        let Activation {
+            memory,
+            interrupt,
+            queues,
+            ..
+        } = activation;
+        if queues.len() != QUEUE_SIZES.len() {
+            return Err(ActivateError::QueueCount {
+                got: queues.len(),
+                needed: QUEUE_SIZES.len(),
+            });
+        }
+        let QueueEvents { index, queue, kick } = queues.into_iter().next().unwrap();
+        if index != 0 || !queue.is_valid(&memory) {
+            return Err(ActivateError::InvalidQueue(index));
+        }
+        let fds = vec![kick.as_raw_fd()];
+        let handler = RngHandler {
+            memory,
+            interrupt,
+            queue,
+            index,
+            kick,
+            buffer: Vec::new(),
+        };
+        parked_worker(format!("{}-virtio", self.id), fds, handler)
+            .map_err(|e| ActivateError::Worker(e.to_string()))
     }
 }
 
@@ -131,29 +166,17 @@ impl VirtioDevice for Rng {
         memory: GuestMemoryMmap,
         interrupt: Arc<dyn VirtioInterrupt>,
         queues: Vec<QueueEvents>,
-        _acked_features: u64,
+        acked_features: u64,
     ) -> Result<(), ActivateError> {
         self.reset();
-        if queues.len() != QUEUE_SIZES.len() {
-            return Err(ActivateError::QueueCount {
-                got: queues.len(),
-                needed: QUEUE_SIZES.len(),
-            });
-        }
-        let QueueEvents { index, queue, kick } = queues.into_iter().next().unwrap();
-        if index != 0 || !queue.is_valid(&memory) {
-            return Err(ActivateError::InvalidQueue(index));
-        }
-        let fds = vec![kick.as_raw_fd()];
-        let handler = RngHandler {
+        let mut worker = self.parked_worker(Activation {
             memory,
             interrupt,
-            queue,
-            index,
-            kick,
-            buffer: Vec::new(),
-        };
-        let worker = spawn_worker(format!("{}-virtio", self.id), fds, handler)
+            queues,
+            acked_features,
+        })?;
+        worker
+            .resume()
             .map_err(|e| ActivateError::Worker(e.to_string()))?;
         self.worker = Some(worker);
         Ok(())
@@ -162,6 +185,50 @@ impl VirtioDevice for Rng {
     fn reset(&mut self) {
         // Dropping the worker stops and joins it; the queue goes with it.
         self.worker = None;
+    }
+
+    fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
+        let Some(worker) = &mut self.worker else {
+            return Ok(Vec::new());
+        };
+        // A request is served whole on the worker thread, so once it is
+        // parked nothing is in flight.
+        let handler = worker
+            .park()
+            .map_err(|e| StateError::Pause(e.to_string()))?
+            .handler_mut();
+        Ok(vec![QueuePosition::of(handler.index, &handler.queue)])
+    }
+
+    fn resume(&mut self) -> Result<(), StateError> {
+        match &mut self.worker {
+            Some(worker) => worker
+                .resume()
+                .map_err(|e| StateError::Resume(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    fn save_state(&self) -> DeviceState {
+        DeviceState::Rng
+    }
+
+    fn restore_state(
+        &mut self,
+        state: &DeviceState,
+        activation: Option<Activation>,
+    ) -> Result<(), StateError> {
+        if *state != DeviceState::Rng {
+            return Err(state.wrong_kind("rng"));
+        }
+        self.reset();
+        if let Some(activation) = activation {
+            let worker = self
+                .parked_worker(activation)
+                .map_err(|e| StateError::Mismatch(e.to_string()))?;
+            self.worker = Some(worker);
+        }
+        Ok(())
     }
 }
 

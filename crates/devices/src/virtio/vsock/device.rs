@@ -7,17 +7,33 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use virtio_queue::QueueT;
 use vmm_sys_util::epoll::Epoll;
 
-use super::handler::{VsockHandler, VsockWorker};
+use super::handler::VsockHandler;
 use super::muxer::VsockMuxer;
 use super::{
     VsockConfig, VsockMetrics, VsockMetricsSnapshot, EVENT_QUEUE, QUEUE_SIZE, RX_QUEUE, TX_QUEUE,
 };
 use crate::options::OptionsError;
-use crate::virtio::{ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt, COMMON_FEATURES};
+use crate::virtio::worker::Worker;
+use crate::virtio::{
+    ActivateError, Activation, DeviceState, QueueEvents, QueuePosition, StateError, VirtioDevice,
+    VirtioInterrupt, COMMON_FEATURES,
+};
 use crate::GuestMemoryMmap;
+
+/// What a snapshot keeps of a vsock device: its configuration. Connections
+/// are not kept: they join guest sockets to host sockets of the VMM that
+/// took the snapshot. A restored device sends the guest a TRANSPORT_RESET
+/// event instead, and the guest drops its connections (as with
+/// Firecracker); listening sockets and new connections work as before.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VsockState {
+    /// The guest's CID.
+    pub cid: u64,
+}
 
 /// Why a vsock device could not be made (one line; the caller names the
 /// flag).
@@ -36,7 +52,7 @@ pub struct Vsock {
     uds_path: PathBuf,
     listener: UnixListener,
     metrics: Arc<VsockMetrics>,
-    worker: Option<VsockWorker>,
+    worker: Option<Worker<VsockHandler>>,
 }
 
 impl Vsock {
@@ -152,6 +168,88 @@ impl VirtioDevice for Vsock {
         acked_features: u64,
     ) -> Result<(), ActivateError> {
         self.reset();
+        let mut worker = self.parked_worker(Activation {
+            memory,
+            interrupt,
+            queues,
+            acked_features,
+        })?;
+        worker
+            .resume()
+            .map_err(|e| ActivateError::Worker(e.to_string()))?;
+        self.worker = Some(worker);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        // Stops the worker; dropping the muxer closes every connection.
+        // Host programs still in the listen backlog wait for the next
+        // activation.
+        self.worker = None;
+    }
+
+    fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
+        let Some(worker) = &mut self.worker else {
+            return Ok(Vec::new());
+        };
+        // Packets are moved whole on the worker thread; host connections
+        // stay open (their data waits in the sockets) for the resume.
+        let handler = worker
+            .park()
+            .map_err(|e| StateError::Pause(e.to_string()))?;
+        Ok(handler.positions())
+    }
+
+    fn resume(&mut self) -> Result<(), StateError> {
+        match &mut self.worker {
+            Some(worker) => worker
+                .resume()
+                .map_err(|e| StateError::Resume(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    fn save_state(&self) -> DeviceState {
+        DeviceState::Vsock(VsockState { cid: self.cid })
+    }
+
+    fn restore_state(
+        &mut self,
+        state: &DeviceState,
+        activation: Option<Activation>,
+    ) -> Result<(), StateError> {
+        let DeviceState::Vsock(saved) = state else {
+            return Err(state.wrong_kind("vsock"));
+        };
+        if saved.cid != self.cid {
+            return Err(StateError::Mismatch(format!(
+                "the guest's CID was {}, --vsock gives {}",
+                saved.cid, self.cid
+            )));
+        }
+        self.reset();
+        if let Some(activation) = activation {
+            let mut worker = self
+                .parked_worker(activation)
+                .map_err(|e| StateError::Mismatch(e.to_string()))?;
+            if let Some(handler) = worker.parked_loop() {
+                handler.owe_transport_reset();
+            }
+            self.worker = Some(worker);
+        }
+        Ok(())
+    }
+}
+
+impl Vsock {
+    /// The worker for `activation`'s queues with a fresh muxer, parked.
+    fn parked_worker(&self, activation: Activation) -> Result<Worker<VsockHandler>, ActivateError> {
+        let Activation {
+            memory,
+            interrupt,
+            queues,
+            acked_features,
+        } = activation;
         if queues.len() != 3 {
             return Err(ActivateError::QueueCount {
                 got: queues.len(),
@@ -179,7 +277,7 @@ impl VirtioDevice for Vsock {
             (rx.index, tx.index, ev.index),
             (RX_QUEUE, TX_QUEUE, EVENT_QUEUE)
         );
-        let worker = (|| {
+        (|| {
             let listener = self.listener.try_clone()?;
             let muxer = VsockMuxer::new(
                 self.cid,
@@ -189,17 +287,8 @@ impl VirtioDevice for Vsock {
                 self.metrics.clone(),
             )?;
             let handler = VsockHandler::new(memory, interrupt, rx, tx, ev, muxer);
-            VsockWorker::spawn(format!("{}-worker", self.id), handler)
+            Worker::parked(format!("{}-worker", self.id), handler)
         })()
-        .map_err(|e| ActivateError::Worker(e.to_string()))?;
-        self.worker = Some(worker);
-        Ok(())
-    }
-
-    fn reset(&mut self) {
-        // Stops the worker; dropping the muxer closes every connection.
-        // Host programs still in the listen backlog wait for the next
-        // activation.
-        self.worker = None;
+        .map_err(|e| ActivateError::Worker(e.to_string()))
     }
 }

@@ -9,23 +9,26 @@
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vmm_sys_util::epoll::{ControlOperation, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::muxer::VsockMuxer;
 use super::packet::{VsockHeader, HDR_LEN, MAX_PKT_PAYLOAD};
-use super::{RX_QUEUE, TX_QUEUE};
-use crate::virtio::{QueueEvents, VirtioInterrupt};
+use super::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE};
+use crate::virtio::worker::WorkerLoop;
+use crate::virtio::{QueueEvents, QueuePosition, VirtioInterrupt};
 use crate::GuestMemoryMmap;
 
 const STOP: u64 = 0;
 const RX_KICK: u64 = 1;
 const TX_KICK: u64 = 2;
 const EVENT_KICK: u64 = 3;
+/// `virtio_vsock_event.id` of a transport reset: the guest drops every
+/// connection and reads the CID again.
+const VIRTIO_VSOCK_EVENT_TRANSPORT_RESET: u32 = 0;
 
 pub(super) struct VsockHandler {
     mem: GuestMemoryMmap,
@@ -34,10 +37,13 @@ pub(super) struct VsockHandler {
     rx_kick: EventFd,
     txq: Queue,
     tx_kick: EventFd,
-    /// The event queue: held, never used (TRANSPORT_RESET only matters
-    /// after a snapshot restore).
-    _evq: Queue,
+    /// The event queue: only used for the TRANSPORT_RESET a restored
+    /// device sends.
+    evq: Queue,
     ev_kick: EventFd,
+    /// A restored device owes the guest a TRANSPORT_RESET: its connections
+    /// were to host sockets this VMM does not have.
+    transport_reset_pending: bool,
     muxer: VsockMuxer,
     /// tx was left because the rx backlog is full.
     tx_deferred: bool,
@@ -60,12 +66,64 @@ impl VsockHandler {
             rx_kick: rx.kick,
             txq: tx.queue,
             tx_kick: tx.kick,
-            _evq: ev.queue,
+            evq: ev.queue,
             ev_kick: ev.kick,
+            transport_reset_pending: false,
             muxer,
             tx_deferred: false,
             tx_buf: vec![0; MAX_PKT_PAYLOAD],
         }
+    }
+
+    /// Sends a TRANSPORT_RESET event on the first run (a restored device).
+    pub(super) fn owe_transport_reset(&mut self) {
+        self.transport_reset_pending = true;
+    }
+
+    /// Where the rx, tx and event queues stand.
+    pub(super) fn positions(&self) -> Vec<QueuePosition> {
+        vec![
+            QueuePosition::of(RX_QUEUE, &self.rxq),
+            QueuePosition::of(TX_QUEUE, &self.txq),
+            QueuePosition::of(EVENT_QUEUE, &self.evq),
+        ]
+    }
+
+    /// Tells the guest, in a buffer of the event queue, that the transport
+    /// was reset; without a buffer, waits for the guest to post one.
+    fn send_transport_reset(&mut self) {
+        if !self.transport_reset_pending {
+            return;
+        }
+        let Some(chain) = self.evq.pop_descriptor_chain(&self.mem) else {
+            if let Err(e) = self.evq.enable_notification(&self.mem) {
+                tracing::warn!("vsock event queue: {e}");
+            }
+            return;
+        };
+        let head = chain.head_index();
+        let written = chain
+            .writer(&self.mem)
+            .ok()
+            .filter(|w| w.available_bytes() >= 4)
+            .map(|mut w| {
+                w.write_all(&VIRTIO_VSOCK_EVENT_TRANSPORT_RESET.to_le_bytes())
+                    .is_ok()
+            })
+            .unwrap_or(false);
+        if !written {
+            tracing::warn!("vsock event queue: buffer {head} cannot hold an event");
+        }
+        if let Err(e) = self
+            .evq
+            .add_used(&self.mem, head, if written { 4 } else { 0 })
+        {
+            tracing::warn!("vsock event queue: add_used: {e}");
+        }
+        // A buffer too small is given back; the next one is tried when the
+        // guest posts it.
+        self.transport_reset_pending = !written;
+        notify(&mut self.evq, &self.mem, &*self.interrupt, EVENT_QUEUE);
     }
 
     /// Hands every guest packet on tx to the muxer.
@@ -163,8 +221,9 @@ impl VsockHandler {
         }
     }
 
-    fn run(&mut self, stop: &EventFd) {
+    fn serve(&mut self, stop: &EventFd) {
         let mut events = vec![EpollEvent::default(); 64];
+        self.send_transport_reset();
         self.process_tx();
         self.process_rx();
         loop {
@@ -184,11 +243,14 @@ impl VsockHandler {
                 }
             };
             let mut tx = false;
+            // The host streams are edge-triggered: every event of the batch
+            // is handled even when told to stop, or its edge would be lost.
+            let mut stopping = false;
             for event in &events[..ready] {
                 match event.data() {
                     STOP => {
                         let _ = stop.read();
-                        return;
+                        stopping = true;
                     }
                     RX_KICK => {
                         let _ = self.rx_kick.read();
@@ -199,6 +261,7 @@ impl VsockHandler {
                     }
                     EVENT_KICK => {
                         let _ = self.ev_kick.read();
+                        self.send_transport_reset();
                     }
                     token => self.muxer.handle_event(token, event.event_set()),
                 }
@@ -212,6 +275,9 @@ impl VsockHandler {
             while self.tx_deferred && !self.muxer.rx_backlog_full() {
                 self.process_tx();
                 self.process_rx();
+            }
+            if stopping {
+                return;
             }
         }
     }
@@ -262,45 +328,23 @@ impl<B: vm_memory::bitmap::BitmapSlice> ReaderLen for virtio_queue::Reader<'_, B
     }
 }
 
-/// The running worker; stops and joins it when dropped.
-pub(super) struct VsockWorker {
-    stop: EventFd,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl VsockWorker {
-    pub(super) fn spawn(name: String, mut handler: VsockHandler) -> io::Result<VsockWorker> {
-        let stop = EventFd::new(EFD_NONBLOCK)?;
-        let thread_stop = stop.try_clone()?;
-        {
-            let epoll = handler.muxer.epoll();
-            let add = |fd, token| {
-                epoll.ctl(
-                    ControlOperation::Add,
-                    fd,
-                    EpollEvent::new(EventSet::IN, token),
-                )
-            };
-            add(stop.as_raw_fd(), STOP)?;
-            add(handler.rx_kick.as_raw_fd(), RX_KICK)?;
-            add(handler.tx_kick.as_raw_fd(), TX_KICK)?;
-            add(handler.ev_kick.as_raw_fd(), EVENT_KICK)?;
-        }
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || handler.run(&thread_stop))?;
-        Ok(VsockWorker {
-            stop,
-            thread: Some(thread),
-        })
+impl WorkerLoop for VsockHandler {
+    fn prepare(&mut self, stop: &EventFd) -> io::Result<()> {
+        let epoll = self.muxer.epoll();
+        let add = |fd, token| {
+            epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, token),
+            )
+        };
+        add(stop.as_raw_fd(), STOP)?;
+        add(self.rx_kick.as_raw_fd(), RX_KICK)?;
+        add(self.tx_kick.as_raw_fd(), TX_KICK)?;
+        add(self.ev_kick.as_raw_fd(), EVENT_KICK)
     }
-}
 
-impl Drop for VsockWorker {
-    fn drop(&mut self) {
-        let _ = self.stop.write(1);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+    fn run(&mut self, stop: &EventFd) {
+        self.serve(stop);
     }
 }

@@ -34,7 +34,7 @@ mod tests;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use device::{Vsock, VsockError};
+pub use device::{Vsock, VsockError, VsockState};
 pub use muxer::VsockMuxer;
 
 use crate::options::{invalid, Options, OptionsError};
