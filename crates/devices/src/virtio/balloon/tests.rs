@@ -7,7 +7,10 @@ use vmm_sys_util::eventfd::EventFd;
 use super::device::discard_pfns;
 use super::*;
 use crate::virtio::rng::testing::{finishes, wait_until, Driver, RecordingInterrupt, Seg};
-use crate::virtio::{ActivateError, VirtioDevice, COMMON_FEATURES};
+use crate::virtio::state::testing::{at_saved_position, through_json};
+use crate::virtio::{
+    ActivateError, Activation, DeviceState, StateError, VirtioDevice, COMMON_FEATURES,
+};
 use crate::GuestMemoryMmap;
 
 const MIB: u64 = 1 << 20;
@@ -493,4 +496,105 @@ fn a_broken_available_index_does_not_spin_the_worker() {
     assert!(r.inflate.used().is_empty());
     let mut balloon = r.balloon;
     finishes("the reset", move || balloon.reset());
+}
+
+#[test]
+fn a_restored_balloon_keeps_its_sizes_and_the_stats_buffer_it_held() {
+    let mem = memory();
+    let mut r = start(&mem, "", COMMON_FEATURES | STATS_F);
+    r.control.set_target_mib(2).unwrap();
+    r.balloon.write_config(4, &(256u32).to_le_bytes());
+    let entries = stats_bytes(&[(tags::MEMFREE, 3 * MIB)]);
+    mem.write_slice(&entries, GuestAddress(0x3_0000)).unwrap();
+    let held = r.stats.add(&[Seg::r(0x3_0000, entries.len() as u32)]);
+    r.kicks[2].write(1).unwrap();
+    wait_until("the statistics", || r.control.last_stats().is_some());
+    let pfns = pfn_bytes(&[0x200, 0x201]);
+    mem.write_slice(&pfns, GuestAddress(0x2_0000)).unwrap();
+    r.inflate.add(&[Seg::r(0x2_0000, 8)]);
+    r.kicks[0].write(1).unwrap();
+    r.inflate.wait_used(1);
+
+    let positions = r.balloon.pause().unwrap();
+    let state = through_json(&r.balloon.save_state());
+    let DeviceState::Balloon(saved) = &state else {
+        panic!("{state:?}")
+    };
+    assert_eq!(
+        (
+            saved.num_pages,
+            saved.actual,
+            saved.held_stats,
+            saved.inflated_pages
+        ),
+        (512, 256, Some(held), 2)
+    );
+    drop(r.balloon);
+
+    let (mut restored, control) = Balloon::from_options("size=64").unwrap();
+    let queues = [&r.inflate, &r.deflate, &r.stats]
+        .iter()
+        .enumerate()
+        .map(|(i, d)| at_saved_position(d.queue_events(i as u16).0, &positions))
+        .collect();
+    restored
+        .restore_state(
+            &state,
+            Some(Activation {
+                memory: mem.clone(),
+                interrupt: r.interrupt.clone(),
+                queues,
+                acked_features: COMMON_FEATURES | STATS_F,
+            }),
+        )
+        .unwrap();
+    // The target the host set wins over --balloon size=; the guest's
+    // report and the counters come back.
+    assert_eq!(control.target_mib(), 2);
+    assert_eq!(control.actual_pages(), 256);
+    assert_eq!(control.counters().inflated_pages, 2);
+    assert!(control.is_active() && control.stats_enabled());
+    restored.resume().unwrap();
+    // Asking for statistics returns the buffer the old device held.
+    control.request_stats();
+    assert_eq!(r.stats.wait_used(1), vec![(u32::from(held), 0)]);
+}
+
+#[test]
+fn a_balloon_with_other_features_or_a_foreign_stats_buffer_is_refused() {
+    let (b, _) = Balloon::from_options("").unwrap();
+    let saved = b.save_state();
+    let (mut no_stats, _) = Balloon::from_options("stats=off").unwrap();
+    let err = no_stats.restore_state(&saved, None).unwrap_err();
+    assert!(matches!(err, StateError::Mismatch(_)), "{err}");
+
+    let mem = memory();
+    let DeviceState::Balloon(mut bad) = saved else {
+        unreachable!()
+    };
+    bad.held_stats = Some(16);
+    let (mut balloon, _) = Balloon::from_options("").unwrap();
+    let drivers = [
+        Driver::new(&mem, GuestAddress(0), 16),
+        Driver::new(&mem, GuestAddress(0x8000), 16),
+        Driver::new(&mem, GuestAddress(0x1_0000), 16),
+    ];
+    let queues = drivers
+        .iter()
+        .enumerate()
+        .map(|(i, d)| d.queue_events(i as u16).0)
+        .collect();
+    let err = balloon
+        .restore_state(
+            &DeviceState::Balloon(bad),
+            Some(Activation {
+                memory: mem.clone(),
+                interrupt: Arc::new(RecordingInterrupt::default()),
+                queues,
+                acked_features: COMMON_FEATURES | STATS_F,
+            }),
+        )
+        .unwrap_err();
+    assert!(matches!(err, StateError::Invalid(_)), "{err}");
+    assert!(!balloon.control().is_active());
 }

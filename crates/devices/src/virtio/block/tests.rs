@@ -28,7 +28,11 @@ use super::metrics::Metrics;
 use super::request::{Completion, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP};
 use super::*;
 use crate::options::OptionsError;
-use crate::virtio::{ActivateError, QueueEvents, VirtioDevice, VirtioInterrupt, COMMON_FEATURES};
+use crate::virtio::state::testing::{at_saved_position, through_json};
+use crate::virtio::{
+    ActivateError, Activation, DeviceState, QueueEvents, QueuePosition, StateError, VirtioDevice,
+    VirtioInterrupt, COMMON_FEATURES,
+};
 use crate::GuestMemoryMmap;
 
 // Guest memory: two regions with a hole between them.
@@ -1182,6 +1186,33 @@ impl<'a> Driver<'a> {
         self.kick.write(1).unwrap();
     }
 
+    /// Hands the same queue, at `positions`, to `block` restored from
+    /// `state` (parked), with a new kick eventfd as a new VMM's would be.
+    fn restore(
+        &mut self,
+        block: &mut Block,
+        state: &DeviceState,
+        positions: &[QueuePosition],
+        acked: u64,
+    ) -> Result<(), StateError> {
+        let queue: Queue = self.q.create_queue().unwrap();
+        self.kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        let events = QueueEvents {
+            index: 0,
+            queue,
+            kick: self.kick.try_clone().unwrap(),
+        };
+        block.restore_state(
+            state,
+            Some(Activation {
+                memory: self.mem.clone(),
+                interrupt: self.irq.clone(),
+                queues: vec![at_saved_position(events, positions)],
+                acked_features: acked,
+            }),
+        )
+    }
+
     fn used_idx(&self) -> u16 {
         self.q.used().idx().load()
     }
@@ -1380,6 +1411,126 @@ fn a_slow_request_does_not_hold_up_the_others() {
     disk.cv.notify_all();
     assert_eq!(d.wait_used(2)[1], (flush, 1));
     block.reset();
+}
+
+#[test]
+fn pause_waits_for_requests_in_flight_and_a_restored_disk_goes_on() {
+    let disk = Arc::new(GatedFlush {
+        inner: MemDisk::from_bytes(pattern(8192, 4)),
+        open: Mutex::new(false),
+        cv: Condvar::new(),
+    });
+    let mut block = Block::from_backend(
+        BlockConfig::new("/in/memory"),
+        disk.clone(),
+        8192,
+        [0; SERIAL_LEN],
+    );
+    let mem = guest_memory();
+    let acked = block.device_features();
+    let mut d = Driver::start(&mut block, &mem, acked);
+    put_header(&mem, HDR, VIRTIO_BLK_T_FLUSH, 0);
+    put_header(&mem, HDR + 16, VIRTIO_BLK_T_IN, 2);
+    let flush = d.offer(&[r(HDR, 16), w(STATUS, 1)]);
+    let read = d.offer(&[r(HDR + 16, 16), w(DATA, 512), w(STATUS + 1, 1)]);
+    fill_mem(&mem, STATUS, 1, 0xff);
+    d.kick();
+    assert_eq!(d.wait_used(1), [(read, 513)]);
+
+    // The flush is on an I/O thread: pausing must wait for it.
+    let (done, paused) = std::sync::mpsc::channel();
+    let pauser = std::thread::spawn(move || {
+        let positions = block.pause();
+        done.send(()).unwrap();
+        (block, positions)
+    });
+    assert!(
+        paused.recv_timeout(Duration::from_millis(100)).is_err(),
+        "pause returned with a request in flight"
+    );
+    *disk.open.lock().unwrap() = true;
+    disk.cv.notify_all();
+    paused.recv_timeout(Duration::from_secs(10)).unwrap();
+    let (block, positions) = pauser.join().unwrap();
+    let positions = positions.unwrap();
+    assert_eq!(
+        positions,
+        [QueuePosition {
+            index: 0,
+            next_avail: 2,
+            next_used: 2
+        }]
+    );
+    // Completed into the used ring before pause returned.
+    assert_eq!(d.used_idx(), 2);
+    assert_eq!(d.wait_used(2)[1], (flush, 1));
+    assert_eq!(status(&mem), VIRTIO_BLK_S_OK);
+    let state = through_json(&block.save_state());
+    assert_eq!(
+        state,
+        DeviceState::Block(BlockState {
+            capacity: 16,
+            readonly: false,
+            features: acked,
+        })
+    );
+    drop(block);
+
+    // A new device on the same image takes over the queue where it was.
+    let mut restored = Block::from_backend(
+        BlockConfig::new("/in/memory"),
+        disk.clone(),
+        8192,
+        [0; SERIAL_LEN],
+    );
+    d.restore(&mut restored, &state, &positions, acked).unwrap();
+    let data = pattern(512, 9);
+    mem.write_slice(&data, GuestAddress(DATA2)).unwrap();
+    put_header(&mem, HDR + 32, VIRTIO_BLK_T_OUT, 5);
+    let write = d.offer(&[r(HDR + 32, 16), r(DATA2, 512), w(STATUS + 2, 1)]);
+    d.kick();
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(d.used_idx(), 2, "served before the resume");
+    restored.resume().unwrap();
+    assert_eq!(d.wait_used(3)[2], (write, 1));
+    assert_eq!(read_mem(&mem, STATUS + 2, 1), [VIRTIO_BLK_S_OK]);
+    assert_eq!(&disk.inner.contents()[5 * 512..6 * 512], &data[..]);
+    // The old requests were not run again: the read's buffer is as the
+    // first run left it, and only three entries were ever used.
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(d.used_idx(), 3);
+    restored.reset();
+}
+
+#[test]
+fn a_disk_of_another_size_or_mode_does_not_take_a_saved_state() {
+    let disk = Arc::new(MemDisk::new(8192));
+    let block = Block::from_backend(BlockConfig::new("/a"), disk.clone(), 8192, [0; SERIAL_LEN]);
+    let state = block.save_state();
+    let mut smaller =
+        Block::from_backend(BlockConfig::new("/b"), disk.clone(), 4096, [0; SERIAL_LEN]);
+    let err = smaller.restore_state(&state, None).unwrap_err().to_string();
+    assert_eq!(err, "the disk had 16 sectors, /b has 8");
+    let mut readonly_config = BlockConfig::new("/c");
+    readonly_config.readonly = true;
+    let mut readonly = Block::from_backend(readonly_config, disk.clone(), 8192, [0; SERIAL_LEN]);
+    let err = readonly
+        .restore_state(&state, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("was read-write, --disk makes it read-only"),
+        "{err}"
+    );
+    let err = readonly
+        .restore_state(&DeviceState::Rng, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rng"), "{err}");
+    // The same disk with no driver yet: nothing to start.
+    let mut same = Block::from_backend(BlockConfig::new("/a"), disk, 8192, [0; SERIAL_LEN]);
+    same.restore_state(&state, None).unwrap();
+    assert!(!same.is_active());
 }
 
 #[test]

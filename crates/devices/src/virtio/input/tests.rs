@@ -7,7 +7,10 @@ use vmm_sys_util::eventfd::EventFd;
 use super::codes::*;
 use super::*;
 use crate::virtio::rng::testing::{finishes, wait_until, Driver, RecordingInterrupt, Seg};
-use crate::virtio::{ActivateError, VirtioDevice, COMMON_FEATURES};
+use crate::virtio::state::testing::{at_saved_position, through_json};
+use crate::virtio::{
+    ActivateError, Activation, DeviceState, StateError, VirtioDevice, COMMON_FEATURES,
+};
 use crate::GuestMemoryMmap;
 
 fn memory() -> GuestMemoryMmap {
@@ -464,4 +467,94 @@ fn a_broken_available_index_does_not_spin_the_worker() {
     assert_eq!(r.control.pending(), 2);
     let mut dev = r.dev;
     finishes("the reset", move || dev.reset());
+}
+
+#[test]
+fn a_restored_input_device_delivers_what_was_pending() {
+    let mem = memory();
+    let mut r = start(&mem, "tablet,width=1024,height=768");
+    // The guest set its LEDs and selected a configuration field; two
+    // events were delivered, the rest wait for buffers.
+    let led = InputEvent::new(EV_LED, LED_CAPSL, 1).to_bytes();
+    mem.write_slice(&led, GuestAddress(0x5_0000)).unwrap();
+    r.statusq.add(&[Seg::r(0x5_0000, 8)]);
+    r.kicks[1].write(1).unwrap();
+    r.statusq.wait_used(1);
+    wait_until("the LEDs", || r.control.leds() == 0b010);
+    r.dev.write_config(0, &[CFG_ID_NAME, 0]);
+    post(&mut r, 0, 2);
+    r.kicks[0].write(1).unwrap();
+    r.control.pointer_abs(10, 20); // three events
+    r.eventq.wait_used(2);
+    wait_until("two deliveries", || r.control.delivered() == 2);
+
+    let positions = r.dev.pause().unwrap();
+    // Sent while paused: kept with the others.
+    r.control.button(BTN_LEFT, true);
+    let state = through_json(&r.dev.save_state());
+    let DeviceState::Input(saved) = &state else {
+        panic!("{state:?}")
+    };
+    assert_eq!(saved.pending.len(), 1 + 2);
+    assert_eq!((saved.select, saved.leds), (CFG_ID_NAME, 0b010));
+    drop(r.dev);
+
+    let (mut restored, control) = Input::from_options("tablet,width=1024,height=768").unwrap();
+    let (q0, k0) = r.eventq.queue_events(0);
+    let (q1, _k1) = r.statusq.queue_events(1);
+    restored
+        .restore_state(
+            &state,
+            Some(Activation {
+                memory: mem.clone(),
+                interrupt: r.interrupt.clone(),
+                queues: vec![
+                    at_saved_position(q0, &positions),
+                    at_saved_position(q1, &positions),
+                ],
+                acked_features: COMMON_FEATURES,
+            }),
+        )
+        .unwrap();
+    assert_eq!(control.leds(), 0b010);
+    assert_eq!(control.pending(), 3);
+    // The name, as the driver selected it before the snapshot.
+    let mut name = [0u8; 8];
+    restored.read_config(8, &mut name);
+    assert_eq!(&name, b"hakoniwa");
+    for i in 2..5 {
+        r.eventq.add(&[Seg::w(0x4_0000 + 0x100 * i, 8)]);
+    }
+    restored.resume().unwrap();
+    k0.write(1).unwrap();
+    r.eventq.wait_used(3);
+    let got: Vec<InputEvent> = (2..5)
+        .map(|i| read_event(&mem, 0x4_0000 + 0x100 * i))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            InputEvent::syn(),
+            InputEvent::new(EV_KEY, BTN_LEFT, 1),
+            InputEvent::syn(),
+        ]
+    );
+}
+
+#[test]
+fn an_input_device_of_another_kind_does_not_take_a_saved_state() {
+    let (keyboard, _) = Input::from_options("keyboard").unwrap();
+    let saved = keyboard.save_state();
+    let (mut tablet, _) = Input::from_options("tablet").unwrap();
+    let err = tablet.restore_state(&saved, None).unwrap_err();
+    assert!(matches!(err, StateError::Mismatch(_)), "{err}");
+    let DeviceState::Input(mut flood) = saved else {
+        unreachable!()
+    };
+    flood.pending = vec![(1, 30, 1); EVENT_QUEUE_CAPACITY + 1];
+    let (mut keyboard, _) = Input::from_options("keyboard").unwrap();
+    let err = keyboard
+        .restore_state(&DeviceState::Input(flood), None)
+        .unwrap_err();
+    assert!(matches!(err, StateError::Invalid(_)), "{err}");
 }

@@ -17,7 +17,11 @@ use super::test_utils::{
     guest_memory, thread_cpu_ticks, wait_for, DriverQueue, RecordingInterrupt, D,
 };
 use super::*;
-use crate::virtio::{ActivateError, QueueT, VirtioDevice, COMMON_FEATURES};
+use crate::virtio::state::testing::{at_saved_position, through_json};
+use crate::virtio::{
+    ActivateError, Activation, DeviceState, QueuePosition, QueueT, StateError, VirtioDevice,
+    COMMON_FEATURES,
+};
 
 /// A datagram socket standing in for the TAP: one datagram, one frame.
 struct Dgram {
@@ -499,6 +503,138 @@ fn activate_checks_queues_and_reset_allows_a_new_activation() {
     assert_eq!(rx.wait_used().head, head);
     r.net.reset();
     r.net.reset(); // twice is fine
+}
+
+/// A datagram pair: the device's end (a back end) and the test's end.
+fn dgram_backend() -> (Arc<Dgram>, UnixDatagram) {
+    let (a, b) = UnixDatagram::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    b.set_nonblocking(true).unwrap();
+    let backend = Arc::new(Dgram {
+        sock: a,
+        offload: Arc::new(AtomicU32::new(u32::MAX)),
+    });
+    (backend, b)
+}
+
+#[test]
+fn a_paused_device_keeps_frames_for_later_and_resumes() {
+    let mut r = rig(MRG);
+    let at = r.net.pause().unwrap();
+    assert_eq!(
+        at,
+        [
+            QueuePosition {
+                index: RX_QUEUE,
+                ..Default::default()
+            },
+            QueuePosition {
+                index: TX_QUEUE,
+                ..Default::default()
+            }
+        ]
+    );
+    // Neither direction moves while paused.
+    let fr = frame(60, 21);
+    let (tx_head, _) = r.tx.add_kick(&[D::R([hdr(), fr.clone()].concat())]);
+    let (rx_head, _) = r.rx.add_kick(&[D::W(2048)]);
+    r.peer.send(&[hdr(), fr.clone()].concat()).unwrap();
+    assert_peer_idle(&r.peer);
+    r.rx.assert_idle(30);
+    r.net.resume().unwrap();
+    assert_eq!(recv_peer(&r.peer), [hdr(), fr].concat());
+    assert_eq!(r.tx.wait_used().head, tx_head);
+    // The frame that came while paused is delivered: its edge was not lost.
+    assert_eq!(r.rx.wait_used().head, rx_head);
+}
+
+#[test]
+fn a_restored_device_goes_on_from_the_saved_positions() {
+    let mut r = rig(MRG);
+    let fr = frame(100, 5);
+    r.tx.add_kick(&[D::R([hdr(), fr.clone()].concat())]);
+    assert_eq!(recv_peer(&r.peer), [hdr(), fr.clone()].concat());
+    r.tx.wait_used();
+    r.rx.add_kick(&[D::W(2048)]);
+    r.peer.send(&[hdr(), fr.clone()].concat()).unwrap();
+    r.rx.wait_used();
+    // Two rx buffers posted and not used yet stay the guest's.
+    let waiting: Vec<u16> = (0..2).map(|_| r.rx.add(&[D::W(2048)]).0).collect();
+    let positions = r.net.pause().unwrap();
+    assert_eq!(
+        positions,
+        [
+            QueuePosition {
+                index: RX_QUEUE,
+                next_avail: 1,
+                next_used: 1
+            },
+            QueuePosition {
+                index: TX_QUEUE,
+                next_avail: 1,
+                next_used: 1
+            }
+        ]
+    );
+    let state = through_json(&r.net.save_state());
+    drop(r.net);
+
+    // The new VMM's TAP, the same queues in guest memory.
+    let (backend, peer) = dgram_backend();
+    let mut restored = Net::with_backend("net0".into(), backend, MAC, None);
+    let mem = r.rx.memory();
+    restored
+        .restore_state(
+            &state,
+            Some(Activation {
+                memory: mem,
+                interrupt: r.irq.clone(),
+                queues: vec![
+                    at_saved_position(r.rx.queue_events(RX_QUEUE), &positions),
+                    at_saved_position(r.tx.queue_events(TX_QUEUE), &positions),
+                ],
+                acked_features: COMMON_FEATURES | MRG,
+            }),
+        )
+        .unwrap();
+    restored.resume().unwrap();
+    let fr = frame(80, 6);
+    peer.send(&[hdr(), fr.clone()].concat()).unwrap();
+    let u = r.rx.wait_used();
+    assert_eq!((u.head, u.len), (waiting[0], 92));
+    let (head, _) = r.tx.add_kick(&[D::R([hdr(), fr.clone()].concat())]);
+    assert_eq!(recv_peer(&peer), [hdr(), fr].concat());
+    assert_eq!(r.tx.wait_used().head, head);
+    restored.reset();
+}
+
+#[test]
+fn a_restore_with_another_mac_or_mtu_is_refused() {
+    let (backend, _peer) = dgram_backend();
+    let saved = Net::with_backend("net0".into(), backend, MAC, Some(1500)).save_state();
+    let (backend, _peer) = dgram_backend();
+    let mut other_mac =
+        Net::with_backend("net0".into(), backend, [0x52, 0x54, 0, 0, 0, 1], Some(1500));
+    let err = other_mac
+        .restore_state(&saved, None)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "the guest's MAC is 52:54:00:12:34:56, --net gives 52:54:00:00:00:01"
+    );
+    let (backend, _peer) = dgram_backend();
+    let mut no_mtu = Net::with_backend("net0".into(), backend, MAC, None);
+    let err = no_mtu.restore_state(&saved, None).unwrap_err().to_string();
+    assert!(err.contains("another MTU"), "{err}");
+    let DeviceState::Net(mut short) = saved.clone() else {
+        unreachable!()
+    };
+    short.config.truncate(3);
+    let err = no_mtu
+        .restore_state(&DeviceState::Net(short), None)
+        .unwrap_err();
+    assert!(matches!(err, StateError::Invalid(_)), "{err}");
 }
 
 #[test]

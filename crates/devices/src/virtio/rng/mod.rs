@@ -534,6 +534,92 @@ mod tests {
     }
 
     #[test]
+    fn a_paused_device_serves_nothing_and_resumes_where_it_stopped() {
+        let mem = memory();
+        let mut driver = Driver::new(&mem, GuestAddress(0), 16);
+        let (mut rng, _interrupt, kick) = activate(&mem, &driver);
+        let a = driver.add(&[Seg::w(0x2_0000, 8)]);
+        kick.write(1).unwrap();
+        assert_eq!(driver.wait_used(1), vec![(a as u32, 8)]);
+
+        let at = QueuePosition {
+            index: 0,
+            next_avail: 1,
+            next_used: 1,
+        };
+        assert_eq!(rng.pause().unwrap(), vec![at]);
+        // A request made while paused waits; pausing again changes nothing.
+        let b = driver.add(&[Seg::w(0x2_0000, 16)]);
+        kick.write(1).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(driver.used().is_empty(), "a paused device served a request");
+        assert_eq!(rng.pause().unwrap(), vec![at]);
+        rng.resume().unwrap();
+        assert_eq!(driver.wait_used(1), vec![(b as u32, 16)]);
+    }
+
+    #[test]
+    fn a_restored_device_serves_from_the_saved_position() {
+        use crate::virtio::state::testing::{at_saved_position, through_json};
+        let mem = memory();
+        let mut driver = Driver::new(&mem, GuestAddress(0), 16);
+        let (mut source, _interrupt, kick) = activate(&mem, &driver);
+        let heads: Vec<u16> = (0..3).map(|_| driver.add(&[Seg::w(0x2_0000, 8)])).collect();
+        kick.write(1).unwrap();
+        assert_eq!(driver.wait_used(3).len(), 3);
+        let positions = source.pause().unwrap();
+        let state = through_json(&source.save_state());
+        drop(source);
+
+        // The guest queues a request whose kick went to the old VMM.
+        let next = driver.add(&[Seg::w(0x3_0000, 32)]);
+        let mut restored = Rng::new(RngConfig::default());
+        let interrupt = Arc::new(RecordingInterrupt::default());
+        let (events, kick) = driver.queue_events(0);
+        restored
+            .restore_state(
+                &state,
+                Some(Activation {
+                    memory: mem.clone(),
+                    interrupt: interrupt.clone(),
+                    queues: vec![at_saved_position(events, &positions)],
+                    acked_features: super::super::COMMON_FEATURES,
+                }),
+            )
+            .unwrap();
+        // Parked until resumed, whatever the kicks.
+        kick.write(1).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(driver.used().is_empty(), "served before the resume");
+        restored.resume().unwrap();
+        // Only the new request: the three before it are not served again.
+        assert_eq!(driver.wait_used(1), vec![(next as u32, 32)]);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(driver.used().is_empty(), "{heads:?} served twice");
+        let mut out = [0u8; 32];
+        mem.read_slice(&mut out, GuestAddress(0x3_0000)).unwrap();
+        assert_ne!(out, [0u8; 32]);
+    }
+
+    #[test]
+    fn state_of_another_device_is_refused() {
+        let mut rng = Rng::new(RngConfig::default());
+        let err = rng
+            .restore_state(
+                &DeviceState::Vsock(crate::virtio::vsock::VsockState { cid: 3 }),
+                None,
+            )
+            .unwrap_err();
+        assert!(matches!(err, StateError::WrongKind { .. }), "{err}");
+        assert!(!rng.is_active());
+        // An inactive device pauses and resumes as a no-op.
+        assert_eq!(rng.pause().unwrap(), Vec::new());
+        rng.resume().unwrap();
+        rng.restore_state(&DeviceState::Rng, None).unwrap();
+        assert!(!rng.is_active());
+    }
+
+    #[test]
     fn wrong_queue_count_is_refused() {
         let mem = memory();
         let mut rng = Rng::new(RngConfig::default());

@@ -13,7 +13,10 @@ use super::muxer::{CONNECT_TIMEOUT, MAX_PENDING_CONTROL};
 use super::packet::*;
 use super::*;
 use crate::virtio::net::test_utils::{guest_memory, wait_for, DriverQueue, RecordingInterrupt, D};
-use crate::virtio::{ActivateError, VirtioDevice, COMMON_FEATURES};
+use crate::virtio::state::testing::{at_saved_position, through_json};
+use crate::virtio::{
+    ActivateError, Activation, DeviceState, StateError, VirtioDevice, COMMON_FEATURES,
+};
 
 const CID: u64 = 3;
 
@@ -43,7 +46,7 @@ struct Rig {
     dev: Vsock,
     rx: DriverQueue,
     tx: DriverQueue,
-    _ev: DriverQueue,
+    ev: DriverQueue,
     irq: Arc<RecordingInterrupt>,
     uds: PathBuf,
     /// rx buffers given to the device: head → (header addr, payload addr).
@@ -77,7 +80,7 @@ fn rig_with(acked: u64, rx_payload: u32, rx_count: usize) -> Rig {
         dev,
         rx,
         tx,
-        _ev: ev,
+        ev,
         irq,
         uds,
         rx_bufs: Default::default(),
@@ -653,6 +656,81 @@ fn event_idx_is_honoured() {
     assert_eq!(r.irq.count(TX_QUEUE), 0);
     r.send(hdr(OP_RST, 1, 3), &[]);
     wait_for("tx interrupt", || r.irq.count(TX_QUEUE) == 1);
+}
+
+#[test]
+fn a_paused_device_keeps_its_connections() {
+    let mut r = rig();
+    let (host, local) = established(&mut r, 1234);
+    let positions = r.dev.pause().unwrap();
+    assert_eq!(positions.len(), 3);
+    // Host data waits in the socket while the device is paused.
+    (&host).write_all(b"while paused").unwrap();
+    r.rx.assert_idle(50);
+    r.dev.resume().unwrap();
+    let (rw, data) = r.recv_op(OP_RW);
+    assert_eq!(
+        (rw.src_port, rw.dst_port, data.as_slice()),
+        (local, 1234, &b"while paused"[..])
+    );
+    r.send(hdr(OP_RW, 1234, local), b"back");
+    assert_eq!(read_n(&host, 4), b"back");
+}
+
+#[test]
+fn a_restored_device_resets_the_transport_and_takes_new_connections() {
+    let mut r = rig();
+    let (old_host, _) = established(&mut r, 1234);
+    let positions = r.dev.pause().unwrap();
+    let state = through_json(&r.dev.save_state());
+    assert_eq!(state, DeviceState::Vsock(VsockState { cid: CID }));
+
+    // The guest keeps an event buffer posted, as Linux does.
+    let (event_head, event_addrs) = r.ev.add(&[D::W(8)]);
+    let uds = r._dir.0.join("restored.sock");
+    let mut restored =
+        Vsock::from_options(&format!("cid={CID},uds={}", uds.display()), "vsock0").unwrap();
+    restored
+        .restore_state(
+            &state,
+            Some(Activation {
+                memory: r.rx.memory(),
+                interrupt: r.irq.clone(),
+                queues: vec![
+                    at_saved_position(r.rx.queue_events(RX_QUEUE), &positions),
+                    at_saved_position(r.tx.queue_events(TX_QUEUE), &positions),
+                    at_saved_position(r.ev.queue_events(EVENT_QUEUE), &positions),
+                ],
+                acked_features: COMMON_FEATURES,
+            }),
+        )
+        .unwrap();
+    r.ev.assert_idle(30);
+    // The old VMM goes away with its connections.
+    r.dev = restored;
+    r.uds = uds;
+    assert_closed(&old_host);
+    r.dev.resume().unwrap();
+    let used = r.ev.wait_used();
+    assert_eq!((used.head, used.len), (event_head, 4));
+    assert_eq!(r.ev.read(event_addrs[0], 4), 0u32.to_le_bytes());
+    wait_for("the event interrupt", || r.irq.count(EVENT_QUEUE) > 0);
+    // The rx buffers the guest posted before the snapshot are used in
+    // order for a new connection.
+    let (host, _) = established(&mut r, 4321);
+    (&host).write_all(b"after").unwrap();
+    let (_, data) = r.recv_op(OP_RW);
+    assert_eq!(data, b"after");
+}
+
+#[test]
+fn a_restore_with_another_cid_is_refused() {
+    let r = rig();
+    let uds = r._dir.0.join("other.sock");
+    let mut other = Vsock::from_options(&format!("cid=7,uds={}", uds.display()), "vsock1").unwrap();
+    let err = other.restore_state(&r.dev.save_state(), None).unwrap_err();
+    assert!(matches!(err, StateError::Mismatch(_)), "{err}");
+    assert_eq!(err.to_string(), "the guest's CID was 3, --vsock gives 7");
 }
 
 #[test]
