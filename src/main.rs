@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod progress;
+
 use clap::{Parser, Subcommand};
 use vmm::config::{parse_memory_size, parse_vcpu_count, VirtioConfig, VmConfig, DEFAULT_CMDLINE};
 use vmm::VMM_FAILURE_STATUS;
@@ -102,8 +104,13 @@ struct RunArgs {
     /// Continue the VM saved in FILE (`ctl snapshot`) instead of booting;
     /// give the same --cpus, --memory and devices as the VM had
     /// (docs/snapshot.md).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "incoming")]
     restore: Option<PathBuf>,
+    /// Wait for a live migration from another hakoniwa on this address and
+    /// continue the VM it sends (`ctl migrate` there); give the same
+    /// --cpus, --memory and devices (docs/migration.md).
+    #[arg(long, value_name = "tcp:ADDR:PORT", value_parser = parse_tcp)]
+    incoming: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -150,6 +157,35 @@ enum CtlCommandArg {
     Resume,
     /// End the VM and its VMM.
     Shutdown,
+    /// Migrate the VM to a hakoniwa waiting with `run --incoming` and
+    /// follow its progress until it is done (docs/migration.md).
+    Migrate {
+        /// The destination's --incoming address.
+        #[arg(long, value_name = "tcp:HOST:PORT", value_parser = parse_tcp_keep)]
+        to: String,
+        /// precopy, postcopy or hybrid.
+        #[arg(long, value_name = "MODE", value_parser = parse_mode)]
+        mode: api::MigrateMode,
+        /// Postcopy: pages sent on each side of a demanded page (default 8).
+        #[arg(long, value_name = "N")]
+        prefetch: Option<u32>,
+        /// Precopy: the downtime to aim for, ms (default 300).
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+        max_downtime: Option<u64>,
+        /// Precopy rounds before precopy stops anyway or hybrid switches
+        /// to postcopy (default 30).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        max_rounds: Option<u32>,
+        /// Postcopy: send only what the destination asks for (and its
+        /// neighbours), no background push.
+        #[arg(long)]
+        no_background: bool,
+        /// Return once started instead of following the progress.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Show the current or last migration's report (JSON), on either side.
+    Migration,
     /// Save the whole VM to a file (pausing it meanwhile); `run --restore
     /// FILE` continues it (docs/snapshot.md).
     Snapshot {
@@ -292,6 +328,7 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
         metrics,
         display: args.display,
         restore: args.restore,
+        incoming: args.incoming,
         virtio: VirtioConfig {
             disks: args.disk,
             nets: args.net,
@@ -351,6 +388,32 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
                 .to_string();
             api::CtlCommand::Snapshot(path)
         }
+        CtlCommandArg::Migration => api::CtlCommand::Migration,
+        CtlCommandArg::Migrate {
+            to,
+            mode,
+            prefetch,
+            max_downtime,
+            max_rounds,
+            no_background,
+            no_wait,
+        } => {
+            let request = api::MigrateRequest {
+                to,
+                mode,
+                prefetch,
+                max_downtime_ms: max_downtime,
+                max_rounds,
+                background: no_background.then_some(false),
+            };
+            api::run_ctl(&args.api_socket, &api::CtlCommand::Migrate(request))
+                .map_err(|e| e.to_string())?;
+            if no_wait {
+                println!("migration started");
+                return Ok(ExitCode::SUCCESS);
+            }
+            return progress::follow_migration(&args.api_socket);
+        }
     };
     let output = api::run_ctl(&args.api_socket, &command).map_err(|e| e.to_string())?;
     if !output.is_empty() {
@@ -366,6 +429,25 @@ fn parse_dirty(text: &str) -> Result<api::DirtyDetection, String> {
         "wp" => Ok(api::DirtyDetection::Wp),
         _ => Err(format!("'{text}' is not compare, dirtylog or wp")),
     }
+}
+
+fn parse_mode(text: &str) -> Result<api::MigrateMode, String> {
+    match text {
+        "precopy" => Ok(api::MigrateMode::Precopy),
+        "postcopy" => Ok(api::MigrateMode::Postcopy),
+        "hybrid" => Ok(api::MigrateMode::Hybrid),
+        _ => Err(format!("'{text}' is not precopy, postcopy or hybrid")),
+    }
+}
+
+/// `tcp:HOST:PORT` → `HOST:PORT` (for --incoming).
+fn parse_tcp(text: &str) -> Result<String, String> {
+    vmm::migration::parse_tcp_address(text)
+}
+
+/// `tcp:HOST:PORT`, checked and kept whole (the API takes it so).
+fn parse_tcp_keep(text: &str) -> Result<String, String> {
+    vmm::migration::parse_tcp_address(text).map(|_| text.to_string())
 }
 
 fn parse_refresh(text: &str) -> Result<api::RefreshTrigger, String> {

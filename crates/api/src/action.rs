@@ -114,6 +114,47 @@ pub enum ApiAction {
     /// Save the whole VM to a file (pausing it meanwhile); answered with
     /// [`ApiResponse::Empty`] once the file is complete.
     Snapshot(SnapshotRequest),
+    /// Start migrating the VM to another hakoniwa (`run --incoming`);
+    /// answered with [`ApiResponse::Empty`] once started. Progress:
+    /// [`ApiAction::MigrationInfo`].
+    Migrate(MigrateRequest),
+    /// The current or last migration's report, on either side; answered
+    /// with [`ApiResponse::Migration`].
+    MigrationInfo,
+}
+
+/// How to migrate (docs/migration.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MigrateMode {
+    /// Copy memory while the guest runs, then stop and copy the rest.
+    Precopy,
+    /// Stop, run on the destination at once, fetch memory on demand.
+    Postcopy,
+    /// Precopy rounds, then postcopy when they stop converging.
+    Hybrid,
+}
+
+/// Body of `PUT /api/v1/vm.migrate`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateRequest {
+    /// `tcp:HOST:PORT` of the destination's `--incoming`.
+    pub to: String,
+    pub mode: MigrateMode,
+    /// Pages sent on each side of a demanded page in postcopy (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<u32>,
+    /// The downtime precopy aims for, in ms (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_downtime_ms: Option<u64>,
+    /// Precopy rounds before precopy stops anyway or hybrid switches
+    /// (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rounds: Option<u32>,
+    /// Push pages nobody asked for during postcopy (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background: Option<bool>,
 }
 
 /// Body of `PUT /api/v1/vm.snapshot`.
@@ -285,6 +326,9 @@ pub enum ApiResponse {
     /// Answer to [`ApiAction::DisplayInfo`]: the display's metrics object
     /// (docs/display.md lists the fields).
     Display(serde_json::Value),
+    /// Answer to [`ApiAction::MigrationInfo`]: the migration's report
+    /// (docs/migration.md lists the fields).
+    Migration(serde_json::Value),
 }
 
 /// Refusal or failure of an [`ApiAction`], carrying the HTTP status to send.

@@ -12,7 +12,8 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use crate::action::{
-    ApiAction, BalloonTarget, DisplaySettings, ErrorBody, MmuSettings, SnapshotRequest, SptPages,
+    ApiAction, BalloonTarget, DisplaySettings, ErrorBody, MigrateRequest, MmuSettings,
+    SnapshotRequest, SptPages,
 };
 use crate::http::{self, is_timeout, parse_response_head, read_more, write_all_by};
 use crate::Error;
@@ -212,11 +213,15 @@ pub enum CtlCommand {
     DisplaySet(DisplaySettings),
     /// Save the VM to this file (a path as the VMM sees it).
     Snapshot(String),
+    /// Start migrating the VM.
+    Migrate(MigrateRequest),
+    /// Print the current or last migration's report.
+    Migration,
 }
 
 impl CtlCommand {
     /// Every command that takes no argument, for help texts and parsers.
-    pub const ALL: [CtlCommand; 8] = [
+    pub const ALL: [CtlCommand; 9] = [
         CtlCommand::Ping,
         CtlCommand::Info,
         CtlCommand::Pause,
@@ -225,6 +230,7 @@ impl CtlCommand {
         CtlCommand::Balloon,
         CtlCommand::Mmu,
         CtlCommand::Display,
+        CtlCommand::Migration,
     ];
 
     /// The command's name on the command line.
@@ -239,6 +245,8 @@ impl CtlCommand {
             CtlCommand::Mmu | CtlCommand::MmuSet(_) => "mmu",
             CtlCommand::Display | CtlCommand::DisplaySet(_) => "display",
             CtlCommand::Snapshot(_) => "snapshot",
+            CtlCommand::Migrate(_) => "migrate",
+            CtlCommand::Migration => "migration",
         }
     }
 
@@ -259,6 +267,8 @@ impl CtlCommand {
             CtlCommand::Display => ApiAction::DisplayInfo,
             CtlCommand::DisplaySet(settings) => ApiAction::DisplaySet(settings),
             CtlCommand::Snapshot(path) => ApiAction::Snapshot(SnapshotRequest { path }),
+            CtlCommand::Migrate(request) => ApiAction::Migrate(request),
+            CtlCommand::Migration => ApiAction::MigrationInfo,
         }
     }
 
@@ -277,6 +287,8 @@ impl CtlCommand {
             CtlCommand::Display => "no display information returned",
             CtlCommand::DisplaySet(_) => "display switched",
             CtlCommand::Snapshot(_) => "snapshot written",
+            CtlCommand::Migrate(_) => "migration started",
+            CtlCommand::Migration => "no migration information returned",
         }
     }
 }

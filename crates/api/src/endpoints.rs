@@ -170,6 +170,8 @@ routes! {
     Get "/api/v1/vm.display"  => DisplayInfo;
     Put "/api/v1/vm.display"  => DisplaySet(settings);
     Put "/api/v1/vm.snapshot" => Snapshot(request);
+    Put "/api/v1/vm.migrate"  => Migrate(request);
+    Get "/api/v1/vm.migration" => MigrationInfo;
 }
 
 /// Result of looking a request up in [`ROUTES`].
@@ -240,6 +242,15 @@ mod tests {
             ApiAction::Snapshot(crate::action::SnapshotRequest {
                 path: "/tmp/vm.snap".into(),
             }),
+            ApiAction::Migrate(crate::action::MigrateRequest {
+                to: "tcp:10.0.0.2:4444".into(),
+                mode: crate::action::MigrateMode::Postcopy,
+                prefetch: Some(8),
+                max_downtime_ms: Some(100),
+                max_rounds: None,
+                background: Some(true),
+            }),
+            ApiAction::MigrationInfo,
         ];
         assert_eq!(actions.len(), ROUTES.len());
         for action in actions {

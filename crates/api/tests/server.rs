@@ -100,6 +100,10 @@ impl VmController for FakeVmm {
             ApiAction::DisplayInfo => Ok(ApiResponse::Display(serde_json::json!({"dirty": "wp"}))),
             ApiAction::DisplaySet(_) => Ok(ApiResponse::Empty),
             ApiAction::Snapshot(_) => Ok(ApiResponse::Empty),
+            ApiAction::Migrate(_) => Ok(ApiResponse::Empty),
+            ApiAction::MigrationInfo => Ok(ApiResponse::Migration(
+                serde_json::json!({"phase": "precopy"}),
+            )),
         }
     }
 }
@@ -858,4 +862,37 @@ fn snapshot_endpoint_carries_the_path() {
     )
     .unwrap();
     assert_eq!(status, 400, "{body}");
+}
+
+#[test]
+fn migrate_endpoint_carries_the_request_and_the_report_comes_back() {
+    let h = start();
+    let request = api::MigrateRequest {
+        to: "tcp:127.0.0.1:4444".into(),
+        mode: api::MigrateMode::Hybrid,
+        prefetch: Some(4),
+        max_downtime_ms: None,
+        max_rounds: None,
+        background: Some(false),
+    };
+    assert_eq!(
+        client::run_ctl(&h.path, &CtlCommand::Migrate(request.clone())).unwrap(),
+        "migration started"
+    );
+    assert_eq!(
+        h.vmm.actions.lock().unwrap().last(),
+        Some(&ApiAction::Migrate(request))
+    );
+    let report = client::run_ctl(&h.path, &CtlCommand::Migration).unwrap();
+    assert!(report.contains("\"phase\": \"precopy\""), "{report}");
+    // An unknown mode or field is a 400, not a migration.
+    for body in [
+        r#"{"to": "tcp:h:1", "mode": "teleport"}"#,
+        r#"{"to": "tcp:h:1", "mode": "precopy", "speed": 3}"#,
+        r#"{"mode": "precopy"}"#,
+    ] {
+        let (status, answer) =
+            client::request(&h.path, "PUT", "/api/v1/vm.migrate", Some(body)).unwrap();
+        assert_eq!(status, 400, "{body}: {answer}");
+    }
 }

@@ -39,6 +39,9 @@ pub struct VmConfig {
     /// `--restore FILE`: continue the VM saved in FILE instead of booting
     /// (docs/snapshot.md).
     pub restore: Option<PathBuf>,
+    /// `--incoming tcp:ADDR:PORT` (as `ADDR:PORT`): take the VM a migration
+    /// sends instead of booting (docs/migration.md).
+    pub incoming: Option<String>,
 }
 
 /// Virtio devices as the command line gives them: each a `key=value,...`

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use api::{
     ApiAction, ApiError, ApiResponse, ApiServer, BalloonInfo, DeviceInfo, DirtyDetection,
-    DisplaySettings, RefreshTrigger, VmController, VmInfo, VmState, VmmVersion,
+    DisplaySettings, MigrateMode, MigrateRequest, RefreshTrigger, VmController, VmInfo, VmState,
+    VmmVersion,
 };
 use devices::virtio::balloon::BalloonControl;
 use display::dirty::DirtyMethod;
@@ -17,6 +18,9 @@ use display::DisplayControl;
 
 use crate::boot::BootProtocol;
 use crate::event::{EventSender, VmmEvent};
+use crate::migration::source::{MigrationRequest, VmPauser};
+use crate::migration::status::SharedStatus;
+use crate::migration::{MigrationMode, MigrationSource};
 use crate::mmu::{MmuControl, SptBudget};
 use crate::snapshot::{SnapshotError, SnapshotSource};
 use crate::vcpu::{Desired, RunControl};
@@ -25,6 +29,11 @@ use crate::Error;
 
 /// How long pause waits for every vCPU to park.
 const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Migration defaults: the paper's ±8 neighbours, Cloud Hypervisor's
+/// 300 ms downtime target, and a bound on precopy rounds.
+const DEFAULT_PREFETCH: u32 = 8;
+const DEFAULT_MAX_DOWNTIME_MS: u64 = 300;
+const DEFAULT_MAX_ROUNDS: u32 = 30;
 
 /// A device as `vm.info` lists it.
 #[derive(Clone, Debug)]
@@ -60,11 +69,50 @@ pub struct VmDescription {
     pub devices: Vec<DeviceDescription>,
 }
 
+/// Parks and releases the vCPU threads: the API's pause and resume, and
+/// what a migration stops the guest with.
+pub struct VcpuPauser {
+    control: Arc<RunControl>,
+    threads: Vec<libc::pthread_t>,
+}
+
+impl VcpuPauser {
+    /// `threads` are the vCPU threads (not yet joined).
+    pub fn new(control: Arc<RunControl>, threads: Vec<libc::pthread_t>) -> VcpuPauser {
+        VcpuPauser { control, threads }
+    }
+}
+
+impl VmPauser for VcpuPauser {
+    /// Asks every vCPU to park, kicks them out of KVM_RUN and waits until
+    /// they all have.
+    fn pause(&self) -> Result<(), String> {
+        self.control.set(Desired::Pause);
+        for &thread in &self.threads {
+            kick(thread);
+        }
+        if self.control.wait_parked(self.threads.len(), PAUSE_TIMEOUT) {
+            Ok(())
+        } else {
+            Err("not every vCPU stopped within 5 s".into())
+        }
+    }
+
+    /// Lets parked vCPUs run again, unless something stopped the VM.
+    fn resume(&self) {
+        self.control.set_if(Desired::Pause, Desired::Run);
+    }
+
+    fn run_control(&self) -> &RunControl {
+        &self.control
+    }
+}
+
 /// Implements the API on a running VM.
 pub struct VmControl {
     description: VmDescription,
     control: Arc<RunControl>,
-    vcpu_threads: Vec<libc::pthread_t>,
+    pauser: Arc<VcpuPauser>,
     events: EventSender,
     shutting_down: AtomicBool,
     balloon: Option<Arc<BalloonControl>>,
@@ -73,26 +121,22 @@ pub struct VmControl {
     snapshot: Option<Arc<SnapshotSource>>,
     /// A snapshot is being taken: the VM must stay paused until it is done.
     snapshotting: AtomicBool,
+    migration: Option<Arc<MigrationSource>>,
+    incoming: Option<Arc<SharedStatus>>,
 }
-
-// SAFETY: pthread_t is an opaque thread id (an integer on Linux); it is
-// only passed to pthread_kill, which any thread may call.
-unsafe impl Send for VmControl {}
-// SAFETY: as above; the ids are never mutated after construction.
-unsafe impl Sync for VmControl {}
 
 impl VmControl {
     pub fn new(
         description: VmDescription,
         control: Arc<RunControl>,
-        vcpu_threads: Vec<libc::pthread_t>,
+        pauser: Arc<VcpuPauser>,
         events: EventSender,
         balloon: Option<Arc<BalloonControl>>,
     ) -> Self {
         VmControl {
             description,
             control,
-            vcpu_threads,
+            pauser,
             events,
             shutting_down: AtomicBool::new(false),
             balloon,
@@ -100,7 +144,66 @@ impl VmControl {
             display: None,
             snapshot: None,
             snapshotting: AtomicBool::new(false),
+            migration: None,
+            incoming: None,
         }
+    }
+
+    /// Serves `vm.migrate` (this VM as a migration's source).
+    pub fn with_migration(mut self, migration: Arc<MigrationSource>) -> Self {
+        self.migration = Some(migration);
+        self
+    }
+
+    /// Reports the migration this VM came in by (`run --incoming`).
+    pub fn with_incoming(mut self, status: Option<Arc<SharedStatus>>) -> Self {
+        self.incoming = status;
+        self
+    }
+
+    fn migrate(&self, request: MigrateRequest) -> Result<ApiResponse, ApiError> {
+        let source = self
+            .migration
+            .as_deref()
+            .ok_or_else(|| ApiError::not_implemented("this VM cannot be migrated"))?;
+        if self.state() == VmState::ShuttingDown {
+            return Err(ApiError::conflict("the VM is shutting down"));
+        }
+        let to = crate::migration::parse_tcp_address(&request.to)
+            .map_err(|e| ApiError::bad_request(format!("to: {e}")))?;
+        let request = MigrationRequest {
+            to,
+            mode: match request.mode {
+                MigrateMode::Precopy => MigrationMode::Precopy,
+                MigrateMode::Postcopy => MigrationMode::Postcopy,
+                MigrateMode::Hybrid => MigrationMode::Hybrid,
+            },
+            prefetch: request.prefetch.unwrap_or(DEFAULT_PREFETCH),
+            max_downtime_ms: request
+                .max_downtime_ms
+                .unwrap_or(DEFAULT_MAX_DOWNTIME_MS)
+                .max(1),
+            max_rounds: request.max_rounds.unwrap_or(DEFAULT_MAX_ROUNDS).max(1),
+            background: request.background.unwrap_or(true),
+        };
+        source
+            .start(request)
+            .map(|()| ApiResponse::Empty)
+            .map_err(|e| ApiError::conflict(e.to_string()))
+    }
+
+    /// The newest migration's report: an outgoing one if this VM started
+    /// one, else the one it came in by.
+    fn migration_info(&self) -> Result<ApiResponse, ApiError> {
+        let status = self
+            .migration
+            .as_ref()
+            .and_then(|m| m.status())
+            .or_else(|| self.incoming.as_ref().map(|s| s.get()))
+            .ok_or_else(|| ApiError::conflict("no migration has run in this VMM"))?;
+        serde_json::to_value(&status)
+            .map(ApiResponse::Migration)
+            .map_err(|e| ApiError::internal(format!("migration report: {e}")))
     }
 
     /// Serves `vm.snapshot` from `snapshot`.
@@ -278,18 +381,10 @@ impl VmControl {
             VmState::Paused => return Err(ApiError::conflict("the VM is already paused")),
             VmState::ShuttingDown => return Err(ApiError::conflict("the VM is shutting down")),
         }
-        self.control.set(Desired::Pause);
-        for &thread in &self.vcpu_threads {
-            kick(thread);
-        }
-        if self
-            .control
-            .wait_parked(self.vcpu_threads.len(), PAUSE_TIMEOUT)
-        {
-            Ok(ApiResponse::Empty)
-        } else {
-            Err(ApiError::internal("not every vCPU stopped within 5 s"))
-        }
+        self.pauser
+            .pause()
+            .map(|()| ApiResponse::Empty)
+            .map_err(ApiError::internal)
     }
 
     fn resume(&self) -> Result<ApiResponse, ApiError> {
@@ -344,6 +439,8 @@ impl VmController for VmControl {
             ApiAction::DisplayInfo => self.display_info(),
             ApiAction::DisplaySet(settings) => self.display_set(settings),
             ApiAction::Snapshot(request) => self.snapshot(&request.path),
+            ApiAction::Migrate(request) => self.migrate(request),
+            ApiAction::MigrationInfo => self.migration_info(),
         }
     }
 }

@@ -19,6 +19,8 @@ pub enum VmmEvent {
     ApiShutdown,
     /// Something failed inside the VMM.
     Error(String),
+    /// The VM was migrated away (the message says where): this copy ends.
+    Migrated(String),
 }
 
 /// Sending half of the event channel. Sending never fails the sender: once
@@ -95,6 +97,10 @@ pub fn outcome(event: &VmmEvent, exec_mode: bool) -> Outcome {
         },
         VmmEvent::Error(message) => Outcome {
             status: VMM_FAILURE_STATUS,
+            message: Some(message.clone()),
+        },
+        VmmEvent::Migrated(message) => Outcome {
+            status: 0,
             message: Some(message.clone()),
         },
     }

@@ -12,7 +12,8 @@
 //! - [`event`]: why a VM ends, and hakoniwa's exit status for it;
 //! - [`mmu`], [`stats`]: the shadow-paging budget and KVM's statistics;
 //! - [`metrics`]: the periodic metrics file (`--metrics`);
-//! - [`snapshot`]: saving a VM to a file and restoring it (`--restore`).
+//! - [`snapshot`]: saving a VM to a file and restoring it (`--restore`);
+//! - [`migration`]: live migration (`ctl migrate`, `run --incoming`).
 
 pub mod boot;
 pub mod config;
@@ -22,6 +23,7 @@ pub mod display;
 pub mod event;
 pub mod memory;
 pub mod metrics;
+pub mod migration;
 pub mod mmu;
 pub mod platform;
 pub mod signals;
@@ -95,4 +97,6 @@ pub enum Error {
     Metrics(#[from] metrics::MetricsError),
     #[error(transparent)]
     Snapshot(#[from] snapshot::SnapshotError),
+    #[error("migration: {0}")]
+    Migration(#[from] migration::MigrationError),
 }

@@ -19,16 +19,17 @@ use kvm_ioctls::{Kvm, VmFd};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 
-use crate::boot::{check_boot_files, load_boot_images};
+use crate::boot::{check_boot_files, load_boot_images, BootProtocol};
 use crate::config::{format_size, VmConfig};
 use crate::console::{spawn_input_thread, RawTerminal};
-use crate::controller::{VmControl, VmDescription};
+use crate::controller::{VcpuPauser, VmControl, VmDescription};
 use crate::display::{
     boot_framebuffer, default_inputs, layout_cmdline_word, start_display, DisplayMetrics,
 };
 use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
 use crate::memory::{create_guest_memory, register_guest_memory, GuestMemoryMmap};
 use crate::metrics::{MetricsSink, MetricsSource, MetricsWriter};
+use crate::migration::{Incoming, IncomingAddress, MigrationError, MigrationSource};
 use crate::mmu::{AgentListener, MmuControl, SptBudget};
 use crate::platform::{create_virtio_devices, Platform};
 use crate::snapshot::restore as snapshot_restore;
@@ -50,12 +51,24 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     signals::block_stop_signals()?;
     check_host_memory(config.memory_bytes)?;
     // `--restore`: the snapshot, checked against the flags before any KVM
-    // work; the kernel is then not loaded, so not checked.
+    // work; `--incoming`: the listening socket, bound before any KVM work.
+    // Either way the kernel is not loaded, so not checked.
     let mut restore = match &config.restore {
         Some(path) => Some(snapshot_restore::open_for(config, path)?),
         None => None,
     };
-    if restore.is_none() {
+    let incoming = match &config.incoming {
+        Some(address) => {
+            if let Some((what, flags)) = snapshot_restore::unsupported(config) {
+                return Err(Error::Migration(MigrationError::Invalid(format!(
+                    "migration of {what} is not supported yet ({flags})"
+                ))));
+            }
+            Some(Incoming::bind(&IncomingAddress(address.clone()))?)
+        }
+        None => None,
+    };
+    if restore.is_none() && incoming.is_none() {
         check_boot_files(
             &config.kernel,
             config.initramfs.as_deref(),
@@ -111,38 +124,70 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     for device in std::mem::take(&mut virtio_devices.devices) {
         platform.attach_virtio(&vm_fd, &memory, device)?;
     }
-    let rsdp = write_acpi_tables(&memory, &platform.acpi(config.vcpus))?;
-    let (reset_port, reset_value) = Platform::reset_register();
-    write_reset_vector(&memory, reset_port, reset_value)?;
     let mut cmdline = guest_cmdline(config);
     if let Some(display) = &display_config {
         cmdline = format!("{cmdline} {}", layout_cmdline_word(display));
     }
-    // Booting loads the kernel; restoring loads RAM and the VM-wide KVM
-    // and device state instead, before any vCPU exists.
-    let entry = match &mut restore {
-        Some(reader) => {
+    // Booting writes the firmware tables and loads the kernel; restoring
+    // and migrating in take RAM and the VM-wide KVM and device state from
+    // the snapshot or the source instead, before any vCPU exists.
+    let mut received = None;
+    let entry = match (&mut restore, incoming) {
+        (Some(reader), _) => {
             snapshot_restore::check_devices(reader, &platform.devices)?;
             reader.load_ram(&memory)?;
-            crate::snapshot::vm_state::restore_vm(&vm_fd, &reader.snapshot.vm)?;
-            let com1 = (&reader.snapshot.devices.com1).into();
-            platform
-                .serial
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .restore(&com1)
-                .map_err(|e| Error::Device("com1".into(), e))?;
+            snapshot_restore::apply_vm_state(&vm_fd, &platform, &reader.snapshot)?;
             None
         }
-        None => Some(load_boot_images(
-            &memory,
-            config.memory_bytes,
-            &config.kernel,
-            config.initramfs.as_deref(),
-            &cmdline,
-            rsdp,
-            display_config.as_ref().map(boot_framebuffer),
-        )?),
+        (None, Some(incoming)) => {
+            let machine = snapshot_restore::machine_state(
+                config,
+                &platform.devices,
+                BootProtocol::Linux64,
+                String::new(),
+                String::new(),
+            );
+            let vm = incoming.receive(&memory, &machine)?;
+            snapshot_restore::apply_vm_state(&vm_fd, &platform, &vm.snapshot)?;
+            received = Some(vm);
+            None
+        }
+        (None, None) => {
+            let rsdp = write_acpi_tables(&memory, &platform.acpi(config.vcpus))?;
+            let (reset_port, reset_value) = Platform::reset_register();
+            write_reset_vector(&memory, reset_port, reset_value)?;
+            Some(load_boot_images(
+                &memory,
+                config.memory_bytes,
+                &config.kernel,
+                config.initramfs.as_deref(),
+                &cmdline,
+                rsdp,
+                display_config.as_ref().map(boot_framebuffer),
+            )?)
+        }
+    };
+    // The state the vCPUs take, when they do not boot.
+    let saved = restore
+        .as_ref()
+        .map(|reader| &reader.snapshot)
+        .or(received.as_ref().map(|vm| &vm.snapshot));
+    // What vm.info and the next snapshot say about the boot.
+    let (kernel, cmdline, boot_protocol) = match (saved, &entry) {
+        (Some(saved), _) => {
+            let machine = &saved.machine;
+            (
+                machine.kernel.clone(),
+                machine.cmdline.clone(),
+                snapshot_restore::boot_protocol(machine),
+            )
+        }
+        (None, Some(entry)) => (
+            config.kernel.display().to_string(),
+            cmdline.clone(),
+            entry.protocol,
+        ),
+        (None, None) => unreachable!("a VM either boots or restores"),
     };
     let xsave_size = snapshot_restore::xsave_size(&vm_fd);
 
@@ -173,9 +218,9 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         patch_cpuid(&mut cpuid, index, cpuid_options);
         fd.set_cpuid2(&cpuid)
             .map_err(|e| Error::Kvm("KVM_SET_CPUID2", e))?;
-        match (&restore, &entry) {
-            (Some(reader), _) => {
-                let state = &reader.snapshot.vcpus[usize::from(index)];
+        match (saved, &entry) {
+            (Some(saved), _) => {
+                let state = &saved.vcpus[usize::from(index)];
                 let refused = crate::snapshot::vcpu_state::restore_vcpu(&fd, state, xsave_size)?;
                 if !refused.is_empty() {
                     let list: Vec<String> = refused.iter().map(|m| format!("{m:#x}")).collect();
@@ -211,6 +256,15 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
                 error: e,
             })?);
     }
+    let pauser = Arc::new(VcpuPauser::new(
+        control.clone(),
+        vm.vcpu_threads.iter().map(|t| t.as_pthread_t()).collect(),
+    ));
+    // A migrated-in VM runs from here: tell the source (postcopy: RAM
+    // keeps coming in the background and on demand).
+    if let Some(received) = &mut received {
+        received.started(pauser.clone())?;
+    }
     // Periodic metrics (--metrics): "mmu" and "kvm"; a device with figures
     // of its own (the display: "display") adds its MetricsSource here.
     let mut metrics_sources: Vec<Arc<dyn MetricsSource>> = vec![mmu.clone(), mmu.shared_stats()];
@@ -243,22 +297,6 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     };
     signals::spawn_signal_thread(events.clone())?;
 
-    let (kernel, cmdline, boot_protocol) = match (&restore, &entry) {
-        (Some(reader), _) => {
-            let machine = &reader.snapshot.machine;
-            (
-                machine.kernel.clone(),
-                machine.cmdline.clone(),
-                snapshot_restore::boot_protocol(machine),
-            )
-        }
-        (None, Some(entry)) => (
-            config.kernel.display().to_string(),
-            cmdline.clone(),
-            entry.protocol,
-        ),
-        (None, None) => unreachable!("a VM either boots or restores"),
-    };
     let snapshot_source = Arc::new(SnapshotSource::new(
         vm_fd.clone(),
         memory.clone(),
@@ -282,18 +320,25 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         boot_protocol,
         devices: platform.devices,
     };
-    let vcpu_pthreads = vm.vcpu_threads.iter().map(|t| t.as_pthread_t()).collect();
+    let migration_source = Arc::new(MigrationSource::new(
+        vm_fd.clone(),
+        snapshot_source.clone(),
+        pauser.clone(),
+        events.clone(),
+    ));
     let vm_control = Arc::new(
         VmControl::new(
             description,
             control.clone(),
-            vcpu_pthreads,
+            pauser,
             events.clone(),
             virtio_devices.balloon.clone(),
         )
         .with_mmu(mmu)
         .with_display(display.as_ref().map(|d| d.control()))
-        .with_snapshot(snapshot_source),
+        .with_snapshot(snapshot_source)
+        .with_migration(migration_source)
+        .with_incoming(received.as_ref().map(|r| r.status())),
     );
     let _api_server = match &config.api_socket {
         Some(path) => Some(crate::controller::start_api_server(

@@ -6,11 +6,12 @@ use std::path::Path;
 use kvm_ioctls::{Cap, VmFd};
 
 use super::file::SnapshotReader;
-use super::state::MachineState;
+use super::state::{MachineState, VmSnapshot};
 use super::SnapshotError;
 use crate::boot::BootProtocol;
 use crate::config::{format_size, VmConfig};
 use crate::controller::DeviceDescription;
+use crate::platform::Platform;
 
 /// What a VM built from `config` has that a snapshot cannot hold yet:
 /// (what, the flags that add it).
@@ -135,6 +136,25 @@ pub fn check_devices(
             ),
         });
     }
+    Ok(())
+}
+
+/// Puts the VM-wide state back into a freshly built VM, before any vCPU
+/// exists: the irqchip, PIT and clock in KVM, and the devices' state. The
+/// same for `run --restore` and for a migration's destination.
+pub fn apply_vm_state(
+    vm_fd: &VmFd,
+    platform: &Platform,
+    snapshot: &VmSnapshot,
+) -> Result<(), crate::Error> {
+    super::vm_state::restore_vm(vm_fd, &snapshot.vm)?;
+    let com1 = (&snapshot.devices.com1).into();
+    platform
+        .serial
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .restore(&com1)
+        .map_err(|e| crate::Error::Device("com1".into(), e))?;
     Ok(())
 }
 

@@ -1,0 +1,502 @@
+//! The destination side (`run --incoming tcp:ADDR:PORT`): wait for the
+//! source, check that its machine is this one before anything runs, take
+//! precopy pages into RAM, and either the whole state (precopy) or the
+//! switch to postcopy: drop the pages the source says changed, register
+//! RAM with userfaultfd and fetch what is missing as the guest touches it.
+
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::pages::{is_zero_page, PageBitmap, RamLayout};
+use super::postcopy::{FaultThread, PostcopyShared};
+use super::protocol::{
+    read_message, write_message, Message, StreamError, PAGE_SIZE, PROTOCOL_VERSION,
+};
+use super::source::{StateEnvelope, VmPauser};
+use super::status::{MigrationStatus, Phase, SharedStatus};
+use super::{unix_now_ns, Hello, MigrationError};
+use crate::memory::GuestMemoryMmap;
+use crate::snapshot::state::{MachineState, VmSnapshot};
+use crate::snapshot::HAKONIWA_VERSION;
+
+/// How long the source may stay silent before the state has arrived.
+const PRECOPY_READ_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `--incoming`: the listening socket, bound before any KVM work so a bad
+/// address or a port in use fails at once.
+pub struct Incoming {
+    listener: TcpListener,
+    address: String,
+}
+
+/// `tcp:ADDR:PORT`, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IncomingAddress(pub String);
+
+impl Incoming {
+    pub fn bind(address: &IncomingAddress) -> Result<Incoming, MigrationError> {
+        let listener = TcpListener::bind(&address.0).map_err(|e| {
+            MigrationError::Invalid(format!(
+                "--incoming tcp:{}: cannot listen: {}",
+                address.0,
+                api::io_reason(&e)
+            ))
+        })?;
+        let address = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| address.0.clone());
+        Ok(Incoming { listener, address })
+    }
+
+    /// Where it listens (with the port the kernel picked for port 0).
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Waits for a source whose machine is `machine`, and takes the VM in:
+    /// returns once its state is here (precopy: with all of RAM; postcopy:
+    /// with RAM arriving in the background and on demand).
+    pub fn receive(
+        self,
+        memory: &GuestMemoryMmap,
+        machine: &MachineState,
+    ) -> Result<Received, MigrationError> {
+        eprint!(
+            "hakoniwa: waiting for a migration on tcp:{}\r\n",
+            self.address
+        );
+        let (stream, peer) = self
+            .listener
+            .accept()
+            .map_err(|e| MigrationError::Invalid(format!("accept: {}", api::io_reason(&e))))?;
+        stream.set_nodelay(true).ok();
+        stream.set_read_timeout(Some(PRECOPY_READ_TIMEOUT)).ok();
+        let mut reader = stream
+            .try_clone()
+            .map_err(|e| MigrationError::Invalid(e.to_string()))?;
+        let mut writer = stream;
+
+        let hello = read_hello(&mut reader)?;
+        if let Err(why) = check_machine(&hello, machine) {
+            let _ = write_message(&mut writer, &Message::Refused(why.clone()));
+            return Err(MigrationError::Refused(why));
+        }
+        write_message(&mut writer, &Message::Welcome(b"{}".to_vec()))?;
+
+        let layout = RamLayout::new(memory);
+        let status = Arc::new(SharedStatus::new(MigrationStatus::new(
+            "destination",
+            hello.mode,
+            peer.to_string(),
+            layout.pages() as u64,
+        )));
+        status.update(|s| s.phase = Phase::Precopy);
+        let mut written = PageBitmap::new(layout.pages());
+        let mut postcopy: Option<Arc<PostcopyShared>> = None;
+        let envelope: StateEnvelope = loop {
+            let (message, n) = read_message(&mut reader)?;
+            status.update(|s| s.bytes += n as u64);
+            match message {
+                Message::Pages { kind, first, data } => {
+                    let count = data.len() / PAGE_SIZE;
+                    match &postcopy {
+                        None => {
+                            write_pages(&layout, &written, first, Some(&data), count)?;
+                            status.update(|s| s.pages.add(kind, count as u64));
+                        }
+                        Some(shared) => shared.place(kind, first, Some(&data), count)?,
+                    }
+                }
+                Message::Zero { kind, first, count } => match &postcopy {
+                    None => {
+                        write_pages(&layout, &written, first, None, count as usize)?;
+                        status.update(|s| {
+                            s.pages.add(kind, u64::from(count));
+                            s.pages.zero += u64::from(count);
+                        });
+                    }
+                    Some(shared) => shared.place(kind, first, None, count as usize)?,
+                },
+                Message::Postcopy { discard } if postcopy.is_none() => {
+                    discard_pages(&layout, &written, &discard)?;
+                    let received = std::mem::replace(&mut written, PageBitmap::new(0));
+                    postcopy = Some(PostcopyShared::register(
+                        layout.clone(),
+                        received,
+                        clone_stream(&writer)?,
+                        status.clone(),
+                        usize::from(machine.vcpus),
+                    )?);
+                }
+                Message::State(json) => {
+                    let envelope: StateEnvelope = serde_json::from_slice(&json).map_err(|e| {
+                        MigrationError::Stream(StreamError::Corrupt(format!("state: {e}")))
+                    })?;
+                    check_state(&envelope.snapshot, machine)?;
+                    break envelope;
+                }
+                other => {
+                    return Err(MigrationError::Unexpected {
+                        got: other.name(),
+                        when: "before the VM's state",
+                    })
+                }
+            }
+        };
+        let postcopy = match postcopy {
+            None => {
+                // Precopy: the state came last; Done closes the stream.
+                match read_message(&mut reader)?.0 {
+                    Message::Done => {}
+                    other => {
+                        return Err(MigrationError::Unexpected {
+                            got: other.name(),
+                            when: "after the state of a precopy",
+                        })
+                    }
+                }
+                status.update(|s| {
+                    s.phase = Phase::StopAndCopy;
+                    s.remaining_pages = 0;
+                });
+                None
+            }
+            Some(shared) => {
+                status.update(|s| {
+                    s.phase = Phase::Postcopy;
+                    s.remaining_pages = (layout.pages() - shared.received.count()) as u64;
+                });
+                // Faults come before any vCPU runs (restoring the state
+                // makes KVM write kvm-clock pages, devices read rings), and
+                // the pages they ask for may queue behind background pages:
+                // so both threads run from here on.
+                let faults = FaultThread::spawn(shared.clone())?;
+                reader.set_read_timeout(None).ok();
+                let pauser: Arc<Mutex<Option<Arc<dyn VmPauser>>>> = Arc::new(Mutex::new(None));
+                let pages = {
+                    let (shared, status, pauser) = (shared.clone(), status.clone(), pauser.clone());
+                    std::thread::Builder::new()
+                        .name("postcopy-pages".into())
+                        .spawn(move || receive_pages(reader, &shared, &status, &pauser))
+                        .map_err(|e| {
+                            MigrationError::Invalid(format!("cannot start a thread: {e}"))
+                        })?
+                };
+                Some(PostcopyRun {
+                    shared,
+                    _faults: faults,
+                    pauser,
+                    _pages: pages,
+                })
+            }
+        };
+        Ok(Received {
+            snapshot: envelope.snapshot,
+            stopped_at_unix_ns: envelope.stopped_at_unix_ns,
+            status,
+            writer,
+            postcopy,
+        })
+    }
+}
+
+fn clone_stream(stream: &TcpStream) -> Result<TcpStream, MigrationError> {
+    stream
+        .try_clone()
+        .map_err(|e| MigrationError::Invalid(format!("cannot clone the connection: {e}")))
+}
+
+/// Reads and checks the source's hello.
+fn read_hello(reader: &mut TcpStream) -> Result<Hello, MigrationError> {
+    let message = read_message(reader)?.0;
+    let Message::Hello(json) = message else {
+        return Err(MigrationError::Unexpected {
+            got: message.name(),
+            when: "instead of the source's hello",
+        });
+    };
+    serde_json::from_slice(&json)
+        .map_err(|e| MigrationError::Stream(StreamError::Corrupt(format!("hello: {e}"))))
+}
+
+/// Whether this VM can take the source's: the same protocol, build and
+/// machine (memory, vCPUs, RAM layout, devices).
+fn check_machine(hello: &Hello, ours: &MachineState) -> Result<(), String> {
+    if hello.protocol != PROTOCOL_VERSION {
+        return Err(format!(
+            "the source speaks migration protocol {}, this hakoniwa {}",
+            hello.protocol, PROTOCOL_VERSION
+        ));
+    }
+    if hello.hakoniwa != HAKONIWA_VERSION {
+        return Err(format!(
+            "the source is hakoniwa {}, this is hakoniwa {}",
+            hello.hakoniwa, HAKONIWA_VERSION
+        ));
+    }
+    let theirs = &hello.machine;
+    if theirs.memory_bytes != ours.memory_bytes {
+        return Err(format!(
+            "the VM has {} of memory, --memory here is {}",
+            crate::config::format_size(theirs.memory_bytes),
+            crate::config::format_size(ours.memory_bytes)
+        ));
+    }
+    if theirs.vcpus != ours.vcpus {
+        return Err(format!(
+            "the VM has {} vCPUs, --cpus here is {}",
+            theirs.vcpus, ours.vcpus
+        ));
+    }
+    if theirs.ram_regions != ours.ram_regions {
+        return Err("the VM's RAM layout differs from this one's".into());
+    }
+    if theirs.devices != ours.devices {
+        let names = |list: &[(String, String)]| {
+            list.iter()
+                .map(|(id, _)| id.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        return Err(format!(
+            "the VM has devices {}, this one has {}",
+            names(&theirs.devices),
+            names(&ours.devices)
+        ));
+    }
+    Ok(())
+}
+
+/// The state must describe this machine too (it came after the hello,
+/// but a stream can be damaged in between without failing a checksum
+/// only if it was forged; check anyway, it is cheap).
+fn check_state(snapshot: &VmSnapshot, machine: &MachineState) -> Result<(), MigrationError> {
+    let ok = snapshot.machine.memory_bytes == machine.memory_bytes
+        && snapshot.vcpus.len() == usize::from(machine.vcpus)
+        && snapshot
+            .vcpus
+            .iter()
+            .enumerate()
+            .all(|(i, v)| usize::from(v.index) == i);
+    if ok {
+        Ok(())
+    } else {
+        Err(MigrationError::Stream(StreamError::Corrupt(
+            "the state does not match the machine".into(),
+        )))
+    }
+}
+
+/// Precopy placement: copies pages into RAM (before userfaultfd is
+/// registered, plain writes). A zero page never written needs nothing:
+/// fresh anonymous memory reads as zero.
+fn write_pages(
+    layout: &RamLayout,
+    written: &PageBitmap,
+    first: u64,
+    data: Option<&[u8]>,
+    count: usize,
+) -> Result<(), MigrationError> {
+    for k in 0..count {
+        let index = layout.index_of_page(first + k as u64).ok_or_else(|| {
+            MigrationError::Stream(StreamError::Corrupt(format!(
+                "page {:#x} is not RAM",
+                first + k as u64
+            )))
+        })?;
+        let host = layout.host_of_index(index) as *mut u8;
+        match data {
+            Some(bytes) => {
+                let src = &bytes[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
+                // SAFETY: `host` is one page of guest RAM (the layout comes
+                // from the VM's memory); no vCPU runs yet, so nothing else
+                // writes it.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), host, PAGE_SIZE) };
+                written.set(index);
+            }
+            None => {
+                if written.get(index) && !is_zero_page(layout.page_bytes(index)) {
+                    // SAFETY: as above.
+                    unsafe { std::ptr::write_bytes(host, 0, PAGE_SIZE) };
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Drops the pages the source changed after sending them, so they fault
+/// and are fetched again.
+fn discard_pages(
+    layout: &RamLayout,
+    written: &PageBitmap,
+    discard: &[(u64, u32)],
+) -> Result<(), MigrationError> {
+    for &(first, count) in discard {
+        for k in 0..u64::from(count) {
+            let index = layout.index_of_page(first + k).ok_or_else(|| {
+                MigrationError::Stream(StreamError::Corrupt(format!(
+                    "discarded page {:#x} is not RAM",
+                    first + k
+                )))
+            })?;
+            let host = layout.host_of_index(index);
+            // SAFETY: one page of guest RAM, which no vCPU uses yet;
+            // MADV_DONTNEED on private anonymous memory makes it read as
+            // missing again.
+            let r =
+                unsafe { libc::madvise(host as *mut libc::c_void, PAGE_SIZE, libc::MADV_DONTNEED) };
+            if r != 0 {
+                return Err(MigrationError::Invalid(format!(
+                    "madvise(MADV_DONTNEED): {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+            written.clear(index);
+        }
+    }
+    Ok(())
+}
+
+/// A VM taken in: its state, and for postcopy the threads still bringing
+/// RAM in.
+pub struct Received {
+    pub snapshot: VmSnapshot,
+    stopped_at_unix_ns: u64,
+    status: Arc<SharedStatus>,
+    writer: TcpStream,
+    postcopy: Option<PostcopyRun>,
+}
+
+struct PostcopyRun {
+    shared: Arc<PostcopyShared>,
+    _faults: FaultThread,
+    /// Set once the vCPUs run: a lost connection pauses them.
+    pauser: Arc<Mutex<Option<Arc<dyn VmPauser>>>>,
+    /// The page receiver: it ends on its own, at Done or a broken stream.
+    _pages: JoinHandle<()>,
+}
+
+impl Received {
+    /// The migration's report, for the API.
+    pub fn status(&self) -> Arc<SharedStatus> {
+        self.status.clone()
+    }
+
+    /// The vCPUs run: tell the source, record the downtime, and (postcopy)
+    /// start taking pages in the background.
+    pub fn started(&mut self, pauser: Arc<dyn VmPauser>) -> Result<(), MigrationError> {
+        let now = unix_now_ns();
+        let downtime_ms = now.saturating_sub(self.stopped_at_unix_ns) as f64 / 1e6;
+        self.status.update(|s| s.downtime_ms = Some(downtime_ms));
+        let running = Message::Running { at_unix_ns: now };
+        match &mut self.postcopy {
+            None => {
+                write_message(&mut self.writer, &running)?;
+                self.status.finish(Phase::Completed, None);
+                eprint!(
+                    "hakoniwa: migration in: precopy complete, downtime {downtime_ms:.0} ms\r\n"
+                );
+            }
+            Some(run) => {
+                run.shared.vcpus_started();
+                *run.pauser.lock().unwrap_or_else(|e| e.into_inner()) = Some(pauser);
+                run.shared.send(&running)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How often the page receiver refreshes the run-time fraction.
+const RUN_FRACTION_REFRESH: Duration = Duration::from_millis(200);
+
+/// Postcopy after the vCPUs started: places every page that arrives until
+/// the source says it sent them all, then confirms and lets RAM go back to
+/// plain memory. A broken or corrupt stream pauses the guest: its missing
+/// pages exist nowhere else.
+fn receive_pages(
+    mut reader: TcpStream,
+    shared: &PostcopyShared,
+    status: &SharedStatus,
+    pauser: &Mutex<Option<Arc<dyn VmPauser>>>,
+) {
+    let mut refreshed = Instant::now();
+    let result = (|| -> Result<(), MigrationError> {
+        loop {
+            let (message, n) = read_message(&mut reader)?;
+            status.update(|s| s.bytes += n as u64);
+            match message {
+                Message::Pages { kind, first, data } => {
+                    shared.place(kind, first, Some(&data), data.len() / PAGE_SIZE)?
+                }
+                Message::Zero { kind, first, count } => {
+                    shared.place(kind, first, None, count as usize)?
+                }
+                Message::Done => {
+                    if !shared.all_received() {
+                        return Err(MigrationError::Stream(StreamError::Corrupt(format!(
+                            "the source finished with {} pages missing",
+                            shared.missing()
+                        ))));
+                    }
+                    shared.send(&Message::Complete)?;
+                    return Ok(());
+                }
+                other => {
+                    return Err(MigrationError::Unexpected {
+                        got: other.name(),
+                        when: "during postcopy",
+                    })
+                }
+            }
+            if refreshed.elapsed() >= RUN_FRACTION_REFRESH {
+                refreshed = Instant::now();
+                let fraction = shared.run_fraction();
+                let missing = shared.missing() as u64;
+                status.update(|s| {
+                    s.run_fraction = fraction;
+                    s.remaining_pages = missing;
+                });
+            }
+        }
+    })();
+    let fraction = shared.run_fraction();
+    status.update(|s| s.run_fraction = fraction);
+    match result {
+        Ok(()) => {
+            shared.unregister();
+            status.finish(Phase::Completed, None);
+            let s = status.get();
+            eprint!(
+                "hakoniwa: migration in: postcopy complete after {:.1} s ({} demand, {} prefetch, {} background pages; {} major, {} minor, {} double faults)\r\n",
+                s.total_ms.unwrap_or(0) as f64 / 1000.0,
+                s.pages.demand,
+                s.pages.prefetch,
+                s.pages.background,
+                s.faults.major,
+                s.faults.minor,
+                s.faults.double
+            );
+        }
+        Err(e) => {
+            shared.disconnected();
+            if let Some(pauser) = pauser.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                if let Err(p) = pauser.pause() {
+                    tracing::warn!("cannot pause the guest: {p}");
+                }
+            }
+            let missing = shared.missing();
+            eprint!(
+                "hakoniwa: migration in: postcopy stopped: {e}; {missing} pages exist only on the source, so the guest is paused\r\n"
+            );
+            status.finish(
+                Phase::Failed,
+                Some(format!("{e}; {missing} pages missing; the guest is paused")),
+            );
+        }
+    }
+}

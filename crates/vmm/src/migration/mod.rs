@@ -1,0 +1,141 @@
+//! Live migration between two hakoniwa processes over TCP (seed 003,
+//! docs/migration.md): precopy (the baseline), postcopy over userfaultfd
+//! with ±N prefetch and a background push, and hybrid, which switches from
+//! precopy to postcopy by itself when the measured dirty rate says precopy
+//! will not fit the downtime limit.
+//!
+//! - [`protocol`]: the framed, checksummed stream;
+//! - [`pages`]: guest pages, RAM-order indices and shared page bitmaps;
+//! - [`dirty`]: the source's dirty log over RAM (KVM's and the VMM's);
+//! - [`source`]: `ctl migrate`: rounds, the switch-over, serving postcopy;
+//! - [`destination`]: `run --incoming`: taking pages and state in;
+//! - [`postcopy`]: the destination's userfaultfd fault handler and page
+//!   placement;
+//! - [`status`]: what both sides report (API, `ctl migrate`'s progress).
+
+pub mod destination;
+pub mod dirty;
+pub mod pages;
+pub mod postcopy;
+pub mod protocol;
+pub mod source;
+pub mod status;
+
+use serde::{Deserialize, Serialize};
+
+use crate::snapshot::state::MachineState;
+use crate::snapshot::SnapshotError;
+use protocol::StreamError;
+
+pub use destination::{Incoming, IncomingAddress};
+pub use source::{MigrationSource, VmPauser};
+pub use status::{MigrationStatus, Phase};
+
+/// How the source moves the VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigrationMode {
+    /// Copy RAM while the guest runs, again and again for what it dirtied,
+    /// then stop it and copy the rest: the baseline.
+    Precopy,
+    /// Stop at once, send CPU and device state, run on the destination and
+    /// pull pages on demand (plus neighbours and a background push).
+    Postcopy,
+    /// Precopy rounds; postcopy once they stop converging.
+    Hybrid,
+}
+
+impl MigrationMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            MigrationMode::Precopy => "precopy",
+            MigrationMode::Postcopy => "postcopy",
+            MigrationMode::Hybrid => "hybrid",
+        }
+    }
+}
+
+/// The first message: the source's version and the machine the state fits.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol: u32,
+    pub hakoniwa: String,
+    pub mode: MigrationMode,
+    pub machine: MachineState,
+    /// A resumed postcopy (after the connection dropped), not a new one.
+    #[serde(default)]
+    pub resume: bool,
+}
+
+/// Why a migration failed or was refused; each one line.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    #[error("{0}")]
+    Stream(#[from] StreamError),
+    #[error("cannot connect to {to}: {reason}")]
+    Connect { to: String, reason: String },
+    #[error("the destination refused the VM: {0}")]
+    Refused(String),
+    #[error("{0}")]
+    Snapshot(#[from] SnapshotError),
+    #[error("{0} failed: {1}")]
+    Kvm(&'static str, kvm_ioctls::Error),
+    #[error("userfaultfd: {0}")]
+    Uffd(String),
+    #[error("unexpected {got} message {when}")]
+    Unexpected {
+        got: &'static str,
+        when: &'static str,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Wall-clock time now, ns since the Unix epoch: both sides of a
+/// same-host migration share it, so downtime can be measured across them.
+pub fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Parses `tcp:HOST:PORT` into `HOST:PORT`.
+pub fn parse_tcp_address(text: &str) -> Result<String, String> {
+    let rest = text
+        .strip_prefix("tcp:")
+        .ok_or_else(|| format!("'{text}' is not tcp:HOST:PORT"))?;
+    let (host, port) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| format!("'{text}' is not tcp:HOST:PORT"))?;
+    if host.is_empty() {
+        return Err(format!("'{text}' has no host (tcp:HOST:PORT)"));
+    }
+    port.parse::<u16>()
+        .map_err(|_| format!("'{text}': '{port}' is not a port number"))?;
+    Ok(rest.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_addresses_parse_with_clear_errors() {
+        assert_eq!(
+            parse_tcp_address("tcp:127.0.0.1:4444").unwrap(),
+            "127.0.0.1:4444"
+        );
+        assert_eq!(parse_tcp_address("tcp:[::1]:4444").unwrap(), "[::1]:4444");
+        assert!(parse_tcp_address("127.0.0.1:4444")
+            .unwrap_err()
+            .contains("tcp:HOST:PORT"));
+        assert!(parse_tcp_address("tcp:host").is_err());
+        assert!(parse_tcp_address("tcp::4444")
+            .unwrap_err()
+            .contains("no host"));
+        assert!(parse_tcp_address("tcp:h:99999")
+            .unwrap_err()
+            .contains("not a port"));
+    }
+}

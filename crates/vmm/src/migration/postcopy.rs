@@ -1,0 +1,520 @@
+//! The destination's postcopy: guest RAM registered with userfaultfd, a
+//! fault thread that asks the source for missing pages, and placement of
+//! the pages that arrive (demanded, prefetched or pushed) with
+//! UFFDIO_COPY, which also wakes whoever waits for them.
+//!
+//! Faults reach us from three kinds of threads, told apart by the thread
+//! id userfaultfd reports: a vCPU thread (the vCPU waits: the guest runs
+//! nothing on it meanwhile), one of KVM's async page-fault workers (the
+//! guest was told "page not present" and runs another task: the para-
+//! virtualized page fault of seed 003), or one of our own device threads.
+//! The time vCPU threads wait gives the guest's run-time fraction.
+
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use userfaultfd::{Event, FeatureFlags, RegisterMode, Uffd, UffdBuilder};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::pages::{PageBitmap, RamLayout};
+use super::protocol::{write_message, Message, PageKind, PAGE_SIZE};
+use super::status::{RunFraction, SharedStatus};
+use super::MigrationError;
+
+/// Width of one window of the run-time fraction.
+const RUN_WINDOW: Duration = Duration::from_millis(100);
+
+/// Who took a fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Faulter {
+    Vcpu(usize),
+    AsyncWorker,
+    Vmm,
+}
+
+/// A fault waiting for its page.
+struct Pending {
+    since: Instant,
+    vcpus: Vec<usize>,
+}
+
+/// What the fault thread and the page placement share.
+pub struct PostcopyShared {
+    layout: RamLayout,
+    uffd: Uffd,
+    /// Pages in place.
+    pub received: PageBitmap,
+    /// Pages asked for (a request is on its way or answered).
+    requested: PageBitmap,
+    pending: Mutex<HashMap<usize, Pending>>,
+    /// Requests go out on the connection's writing half; `None` while the
+    /// connection is down (the requests are made again on resume).
+    writer: Mutex<Option<TcpStream>>,
+    status: Arc<SharedStatus>,
+    /// When the vCPUs started, and the time they waited per window.
+    run_start: Mutex<Option<Instant>>,
+    blocked_ns: Mutex<Vec<u64>>,
+    vcpus: usize,
+    faulters: Mutex<HashMap<i32, Faulter>>,
+}
+
+impl PostcopyShared {
+    /// Registers RAM with a new userfaultfd (missing-page mode); `received`
+    /// says which pages are already in place (precopy rounds of a hybrid).
+    pub fn register(
+        layout: RamLayout,
+        received: PageBitmap,
+        writer: TcpStream,
+        status: Arc<SharedStatus>,
+        vcpus: usize,
+    ) -> Result<Arc<PostcopyShared>, MigrationError> {
+        // Kernel-mode faults must reach us: KVM faults on guest RAM on the
+        // vCPU's behalf, in the kernel (hence not user_mode_only).
+        let uffd = UffdBuilder::new()
+            .close_on_exec(true)
+            .non_blocking(true)
+            .user_mode_only(false)
+            .require_features(FeatureFlags::THREAD_ID)
+            .create()
+            .map_err(|e| {
+                MigrationError::Uffd(format!(
+                    "cannot create one (root, or access to /dev/userfaultfd, is needed): {e}"
+                ))
+            })?;
+        for (host, len) in layout.host_ranges() {
+            uffd.register_with_mode(host as *mut libc::c_void, len, RegisterMode::MISSING)
+                .map_err(|e| MigrationError::Uffd(format!("register guest RAM: {e}")))?;
+        }
+        let pages = layout.pages();
+        Ok(Arc::new(PostcopyShared {
+            layout,
+            uffd,
+            received,
+            requested: PageBitmap::new(pages),
+            pending: Mutex::new(HashMap::new()),
+            writer: Mutex::new(Some(writer)),
+            status,
+            run_start: Mutex::new(None),
+            blocked_ns: Mutex::new(Vec::new()),
+            vcpus: vcpus.max(1),
+            faulters: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The vCPUs run from now: the run-time fraction counts from here.
+    pub fn vcpus_started(&self) {
+        *self.run_start.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// Puts a run of pages from the source in place (skipping any that
+    /// are already there), waking the threads that wait for them.
+    pub fn place(
+        &self,
+        kind: PageKind,
+        first: u64,
+        data: Option<&[u8]>,
+        count: usize,
+    ) -> Result<(), MigrationError> {
+        let mut k = 0;
+        while k < count {
+            let index = self.index_of(first + k as u64)?;
+            if self.received.get(index) {
+                k += 1;
+                continue;
+            }
+            // A run of missing pages contiguous in our mapping.
+            let mut n = 1;
+            while k + n < count {
+                let next = self.index_of(first + (k + n) as u64)?;
+                if next != index + n
+                    || self.received.get(next)
+                    || self.layout.host_of_index(next)
+                        != self.layout.host_of_index(index) + n * PAGE_SIZE
+                {
+                    break;
+                }
+                n += 1;
+            }
+            self.copy_in(
+                index,
+                n,
+                data.map(|b| &b[k * PAGE_SIZE..(k + n) * PAGE_SIZE]),
+            )
+            .map_err(|e| {
+                MigrationError::Uffd(format!("placing page {:#x}: {e}", first + k as u64))
+            })?;
+            for i in index..index + n {
+                self.received.set(i);
+            }
+            self.status.update(|s| {
+                s.pages.add(kind, n as u64);
+                if data.is_none() {
+                    s.pages.zero += n as u64;
+                }
+            });
+            self.resolve(index, n);
+            k += n;
+        }
+        Ok(())
+    }
+
+    /// UFFDIO_COPY (or ZEROPAGE for `None`) of `n` pages at `index`,
+    /// waking their waiters. A page someone placed meanwhile (EEXIST) is
+    /// fine: the run is then placed page by page around it.
+    fn copy_in(
+        &self,
+        index: usize,
+        n: usize,
+        bytes: Option<&[u8]>,
+    ) -> Result<(), userfaultfd::Error> {
+        let copy = |at: usize, pages: usize| {
+            let dst = self.layout.host_of_index(at) as *mut libc::c_void;
+            let result = match bytes {
+                Some(bytes) => {
+                    let off = (at - index) * PAGE_SIZE;
+                    let src = bytes[off..off + pages * PAGE_SIZE].as_ptr();
+                    // SAFETY: `dst` is `pages` pages of guest RAM
+                    // registered with this userfaultfd (the layout comes
+                    // from the VM's memory, alive while the VM is); `src`
+                    // is as many bytes of our buffer. UFFDIO_COPY fails
+                    // rather than overwrite a present page.
+                    unsafe { self.uffd.copy(src.cast(), dst, pages * PAGE_SIZE, true) }
+                }
+                // SAFETY: as above; the kernel maps zero pages.
+                None => unsafe { self.uffd.zeropage(dst, pages * PAGE_SIZE, true) },
+            };
+            match result {
+                Ok(_) => Ok(()),
+                Err(e) if is_exists(&e) => {
+                    let _ = self.uffd.wake(dst, pages * PAGE_SIZE);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        };
+        match copy(index, n) {
+            Ok(()) => Ok(()),
+            Err(userfaultfd::Error::PartiallyCopied(_)) if n > 1 => {
+                (index..index + n).try_for_each(|i| copy(i, 1))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records the faults that waited for pages `index..index+n`.
+    fn resolve(&self, index: usize, n: usize) {
+        let now = Instant::now();
+        let mut resolved = Vec::new();
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            for i in index..index + n {
+                if let Some(p) = pending.remove(&i) {
+                    resolved.push(p);
+                }
+            }
+        }
+        if resolved.is_empty() {
+            return;
+        }
+        let start = *self.run_start.lock().unwrap_or_else(|e| e.into_inner());
+        let mut blocked = self.blocked_ns.lock().unwrap_or_else(|e| e.into_inner());
+        self.status.update(|s| {
+            for p in &resolved {
+                s.fault_latency.record((now - p.since).as_micros() as u64);
+                if let Some(start) = start {
+                    for _ in &p.vcpus {
+                        add_blocked(&mut blocked, start, p.since.max(start), now);
+                    }
+                }
+            }
+        });
+    }
+
+    fn index_of(&self, page: u64) -> Result<usize, MigrationError> {
+        self.layout.index_of_page(page).ok_or_else(|| {
+            MigrationError::Stream(super::protocol::StreamError::Corrupt(format!(
+                "page {page:#x} is not RAM"
+            )))
+        })
+    }
+
+    /// Handles one fault: a page not yet here is asked for (once).
+    fn fault(&self, address: usize, tid: i32) -> Result<(), MigrationError> {
+        let Some(index) = self.layout.index_of_host(address) else {
+            return Err(MigrationError::Uffd(format!(
+                "a fault at {address:#x}, outside guest RAM"
+            )));
+        };
+        let faulter = self.faulter(tid);
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if self.received.get(index) {
+            drop(pending);
+            let page = self.layout.host_of_index(index) as *mut libc::c_void;
+            let _ = self.uffd.wake(page, PAGE_SIZE);
+            self.status.update(|s| s.faults.minor += 1);
+            return Ok(());
+        }
+        let entry = pending.entry(index).or_insert_with(|| Pending {
+            since: Instant::now(),
+            vcpus: Vec::new(),
+        });
+        if let Faulter::Vcpu(n) = faulter {
+            entry.vcpus.push(n);
+        }
+        drop(pending);
+        let double = self.requested.set(index);
+        self.status.update(|s| {
+            match faulter {
+                Faulter::Vcpu(_) => s.faults.vcpu += 1,
+                Faulter::AsyncWorker => s.faults.async_worker += 1,
+                Faulter::Vmm => s.faults.vmm += 1,
+            }
+            if double {
+                s.faults.double += 1;
+            } else {
+                s.faults.major += 1;
+                s.requests += 1;
+            }
+        });
+        if !double {
+            self.request(index)?;
+        }
+        Ok(())
+    }
+
+    fn request(&self, index: usize) -> Result<(), MigrationError> {
+        let mut writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(stream) = writer.as_mut() {
+            let message = Message::Request {
+                first: self.layout.page_of_index(index),
+                count: 1,
+            };
+            if let Err(e) = write_message(stream, &message) {
+                // The page reader notices the broken connection too and
+                // pauses; the request is made again on resume.
+                tracing::warn!("postcopy request: {e}");
+                *writer = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// A new connection after a drop: requests go there, and every page
+    /// asked for but not yet here is asked for again.
+    pub fn reconnected(&self, writer: TcpStream) -> Result<(), MigrationError> {
+        *self.writer.lock().unwrap_or_else(|e| e.into_inner()) = Some(writer);
+        let waiting: Vec<usize> = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        for index in waiting {
+            self.request(index)?;
+        }
+        Ok(())
+    }
+
+    pub fn disconnected(&self) {
+        *self.writer.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Sends a frame on the connection (Running, Complete).
+    pub fn send(&self, message: &Message) -> Result<(), MigrationError> {
+        let mut writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        match writer.as_mut() {
+            Some(stream) => write_message(stream, message)
+                .map(|_| ())
+                .map_err(Into::into),
+            None => Err(MigrationError::Invalid("the connection is down".into())),
+        }
+    }
+
+    /// Thread id → vCPU, async worker or VMM thread.
+    fn faulter(&self, tid: i32) -> Faulter {
+        let mut known = self.faulters.lock().unwrap_or_else(|e| e.into_inner());
+        *known.entry(tid).or_insert_with(|| {
+            match std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")) {
+                // Not one of our threads: a kernel worker doing the fault
+                // for KVM's async page fault.
+                Err(_) => Faulter::AsyncWorker,
+                Ok(name) => match name
+                    .trim()
+                    .strip_prefix("vcpu")
+                    .and_then(|n| n.parse().ok())
+                {
+                    Some(n) => Faulter::Vcpu(n),
+                    None => Faulter::Vmm,
+                },
+            }
+        })
+    }
+
+    /// The run-time fraction per window so far.
+    pub fn run_fraction(&self) -> Vec<RunFraction> {
+        let blocked = self.blocked_ns.lock().unwrap_or_else(|e| e.into_inner());
+        let window = RUN_WINDOW.as_nanos() as f64 * self.vcpus as f64;
+        blocked
+            .iter()
+            .enumerate()
+            .map(|(i, &ns)| RunFraction {
+                t_ms: (i as u64) * RUN_WINDOW.as_millis() as u64,
+                fraction: (1.0 - ns as f64 / window).clamp(0.0, 1.0),
+            })
+            .collect()
+    }
+
+    /// Every page is here: faults cannot happen any more, so RAM goes back
+    /// to plain memory (the balloon's MADV_DONTNEED must not fault to a
+    /// handler that is gone).
+    pub fn unregister(&self) {
+        for (host, len) in self.layout.host_ranges() {
+            if let Err(e) = self.uffd.unregister(host as *mut libc::c_void, len) {
+                tracing::warn!("userfaultfd unregister: {e}");
+            }
+        }
+    }
+
+    pub fn all_received(&self) -> bool {
+        self.missing() == 0
+    }
+
+    /// Pages not here yet.
+    pub fn missing(&self) -> usize {
+        self.layout.pages() - self.received.count()
+    }
+}
+
+/// Adds the time from `from` to `to` into 100 ms windows counted from
+/// `start`.
+fn add_blocked(windows: &mut Vec<u64>, start: Instant, from: Instant, to: Instant) {
+    let window = RUN_WINDOW.as_nanos() as u64;
+    let mut a = (from - start).as_nanos() as u64;
+    let b = (to.max(from) - start).as_nanos() as u64;
+    while a < b {
+        let w = (a / window) as usize;
+        let end = ((w as u64 + 1) * window).min(b);
+        if windows.len() <= w {
+            windows.resize(w + 1, 0);
+        }
+        windows[w] += end - a;
+        a = end;
+    }
+}
+
+fn is_exists(e: &userfaultfd::Error) -> bool {
+    matches!(e, userfaultfd::Error::CopyFailed(errno) | userfaultfd::Error::ZeropageFailed(errno) if *errno as i32 == libc::EEXIST)
+}
+
+/// The fault thread; stops and joins when dropped.
+pub struct FaultThread {
+    stop: EventFd,
+    stopped: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FaultThread {
+    pub fn spawn(shared: Arc<PostcopyShared>) -> Result<FaultThread, MigrationError> {
+        let stop = EventFd::new(EFD_NONBLOCK).map_err(|e| MigrationError::Uffd(e.to_string()))?;
+        let stop_fd = stop
+            .try_clone()
+            .map_err(|e| MigrationError::Uffd(e.to_string()))?;
+        let stopped = Arc::new(AtomicBool::new(false));
+        let flag = stopped.clone();
+        let thread = std::thread::Builder::new()
+            .name("postcopy-faults".into())
+            .spawn(move || {
+                if let Err(e) = serve_faults(&shared, &stop_fd) {
+                    eprint!("hakoniwa: postcopy fault handler: {e}\r\n");
+                }
+                flag.store(true, Ordering::SeqCst);
+            })
+            .map_err(|e| MigrationError::Uffd(format!("cannot start the fault thread: {e}")))?;
+        Ok(FaultThread {
+            stop,
+            stopped,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn is_running(&self) -> bool {
+        !self.stopped.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FaultThread {
+    fn drop(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve_faults(shared: &PostcopyShared, stop: &EventFd) -> Result<(), MigrationError> {
+    let mut fds = [
+        libc::pollfd {
+            fd: shared.uffd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: stop.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: `fds` is a valid array of two pollfds for the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(MigrationError::Uffd(format!("poll: {e}")));
+        }
+        if fds[1].revents != 0 {
+            return Ok(());
+        }
+        loop {
+            match shared.uffd.read_event() {
+                Ok(Some(Event::Pagefault {
+                    addr, thread_id, ..
+                })) => {
+                    shared.fault(addr as usize, thread_id.as_raw())?;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => return Err(MigrationError::Uffd(format!("read: {e}"))),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocked_time_is_split_into_windows() {
+        let start = Instant::now();
+        let mut w = Vec::new();
+        add_blocked(
+            &mut w,
+            start,
+            start + Duration::from_millis(50),
+            start + Duration::from_millis(250),
+        );
+        assert_eq!(w.len(), 3);
+        assert_eq!(w[0], 50_000_000);
+        assert_eq!(w[1], 100_000_000);
+        assert_eq!(w[2], 50_000_000);
+    }
+}

@@ -1,0 +1,749 @@
+//! The source side (`ctl migrate`): connect, agree on the machine, copy RAM
+//! while the guest runs (precopy rounds over the dirty log), stop the guest,
+//! send its state, and either finish (precopy) or serve the destination's
+//! page requests with their neighbours plus a background push (postcopy).
+//! Hybrid runs precopy rounds and switches to postcopy as soon as the
+//! measured dirty rate against the measured bandwidth says the rounds will
+//! not get the rest under the downtime limit.
+//!
+//! A failure before the switch-over leaves the source running as before.
+//! After it the destination has run the guest: the source never runs it
+//! again; it ends once the destination has every page.
+
+use std::io::{BufWriter, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::VmFd;
+use serde::{Deserialize, Serialize};
+
+use super::dirty::RamDirtyLog;
+use super::pages::{is_zero_page, PageBitmap, RamLayout};
+use super::protocol::{
+    read_message, write_message, Message, PageKind, MAX_RUN_PAGES, PAGE_SIZE, PROTOCOL_VERSION,
+};
+use super::status::{MigrationStatus, Phase, SharedStatus};
+use super::{unix_now_ns, Hello, MigrationError, MigrationMode};
+use crate::event::{EventSender, VmmEvent};
+use crate::memory::GuestMemoryMmap;
+use crate::snapshot::state::VmSnapshot;
+use crate::snapshot::{SnapshotSource, HAKONIWA_VERSION};
+use crate::vcpu::RunControl;
+
+/// How long connecting to the destination may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the destination may take to answer the hello, to start the VM
+/// after the state arrived, and between frames while serving postcopy.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a source that migrated away stays up for its last report.
+const FINAL_REPORT_GRACE: Duration = Duration::from_millis(500);
+/// Pages per background frame: small, so a demand request waits behind at
+/// most this much on the wire.
+const BACKGROUND_RUN: usize = 16;
+
+/// What `ctl migrate` asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrationRequest {
+    /// `HOST:PORT` of the destination's `--incoming`.
+    pub to: String,
+    pub mode: MigrationMode,
+    /// Neighbours sent on each side of a demanded page.
+    pub prefetch: u32,
+    /// The downtime precopy aims for, ms.
+    pub max_downtime_ms: u64,
+    /// Precopy rounds after the first before giving up on converging
+    /// (precopy then stops anyway; hybrid switches to postcopy).
+    pub max_rounds: u32,
+    /// Push pages nobody asked for during postcopy.
+    pub background: bool,
+}
+
+/// Pauses and resumes the VM's vCPUs for the migration (the API's pause).
+pub trait VmPauser: Send + Sync {
+    fn pause(&self) -> Result<(), String>;
+    fn resume(&self);
+    fn run_control(&self) -> &RunControl;
+}
+
+/// A running VM's side of migrations: starts them and reports on them.
+pub struct MigrationSource {
+    vm_fd: Arc<VmFd>,
+    memory: GuestMemoryMmap,
+    snapshot: Arc<SnapshotSource>,
+    pauser: Arc<dyn VmPauser>,
+    events: EventSender,
+    current: Mutex<Option<Arc<SharedStatus>>>,
+}
+
+impl MigrationSource {
+    pub fn new(
+        vm_fd: Arc<VmFd>,
+        snapshot: Arc<SnapshotSource>,
+        pauser: Arc<dyn VmPauser>,
+        events: EventSender,
+    ) -> MigrationSource {
+        MigrationSource {
+            vm_fd,
+            memory: snapshot.memory().clone(),
+            snapshot,
+            pauser,
+            events,
+            current: Mutex::new(None),
+        }
+    }
+
+    /// Starts a migration on its own thread; refuses while one runs or
+    /// when the VM has state a migration cannot carry.
+    pub fn start(&self, request: MigrationRequest) -> Result<(), MigrationError> {
+        self.snapshot.check_supported()?;
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(status) = current.as_ref() {
+            let s = status.get();
+            if !s.finished() {
+                return Err(MigrationError::Invalid(format!(
+                    "a migration to {} is already {}",
+                    s.peer,
+                    phase_words(s.phase)
+                )));
+            }
+        }
+        let layout = RamLayout::new(&self.memory);
+        let status = Arc::new(SharedStatus::new(MigrationStatus::new(
+            "source",
+            request.mode,
+            request.to.clone(),
+            layout.pages() as u64,
+        )));
+        *current = Some(status.clone());
+        let job = SourceJob {
+            vm_fd: self.vm_fd.clone(),
+            layout,
+            snapshot: self.snapshot.clone(),
+            pauser: self.pauser.clone(),
+            events: self.events.clone(),
+            status,
+            request,
+        };
+        std::thread::Builder::new()
+            .name("migrate-out".into())
+            .spawn(move || job.run())
+            .map_err(|e| {
+                MigrationError::Invalid(format!("cannot start the migration thread: {e}"))
+            })?;
+        Ok(())
+    }
+
+    /// The current (or last) migration's report.
+    pub fn status(&self) -> Option<MigrationStatus> {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        current.as_ref().map(|s| s.get())
+    }
+}
+
+fn phase_words(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Setup => "being set up",
+        Phase::Precopy => "copying memory",
+        Phase::StopAndCopy => "in its stop-and-copy phase",
+        Phase::Postcopy => "in postcopy",
+        Phase::Paused => "paused (its connection dropped)",
+        Phase::Completed => "completed",
+        Phase::Failed => "failed",
+    }
+}
+
+/// What the State frame carries: the VM's state and when the source
+/// stopped it.
+#[derive(Serialize, Deserialize)]
+pub struct StateEnvelope {
+    pub stopped_at_unix_ns: u64,
+    pub snapshot: VmSnapshot,
+}
+
+/// One migration, on its thread.
+struct SourceJob {
+    vm_fd: Arc<VmFd>,
+    layout: RamLayout,
+    snapshot: Arc<SnapshotSource>,
+    pauser: Arc<dyn VmPauser>,
+    events: EventSender,
+    status: Arc<SharedStatus>,
+    request: MigrationRequest,
+}
+
+/// Where the job is, for cleaning up after a failure.
+enum Stage {
+    /// The guest still runs here (or can run again): undo and carry on.
+    BeforeSwitchover { paused: bool },
+    /// The destination has the state: the guest must not run here again.
+    AfterSwitchover,
+}
+
+impl SourceJob {
+    fn run(self) {
+        let mut stage = Stage::BeforeSwitchover { paused: false };
+        match self.migrate(&mut stage) {
+            Ok(()) => {
+                self.status.finish(Phase::Completed, None);
+                // Linger a moment so `ctl migrate` can read the final
+                // report before this hakoniwa (and its socket) ends.
+                std::thread::sleep(FINAL_REPORT_GRACE);
+                let s = self.status.get();
+                self.events.send(VmmEvent::Migrated(format!(
+                    "migrated to {} ({}, {:.1} s, downtime {})",
+                    self.request.to,
+                    self.request.mode.name(),
+                    s.total_ms.unwrap_or(0) as f64 / 1000.0,
+                    s.downtime_ms
+                        .or(s.source_downtime_ms)
+                        .map(|d| format!("{d:.0} ms"))
+                        .unwrap_or_else(|| "unknown".into())
+                )));
+            }
+            Err(e) => {
+                let message = e.to_string();
+                match stage {
+                    Stage::BeforeSwitchover { paused } => {
+                        if paused {
+                            self.pauser.resume();
+                        }
+                        eprint!("hakoniwa: migration to {} failed: {message}; the VM keeps running here\r\n", self.request.to);
+                    }
+                    Stage::AfterSwitchover => {
+                        eprint!("hakoniwa: migration to {} failed after the switch-over: {message}; the VM stays stopped here\r\n", self.request.to);
+                    }
+                }
+                self.status.finish(Phase::Failed, Some(message));
+            }
+        }
+    }
+
+    fn migrate(&self, stage: &mut Stage) -> Result<(), MigrationError> {
+        let stream = connect(&self.request.to)?;
+        let mut reader = stream
+            .try_clone()
+            .map_err(|e| MigrationError::Invalid(e.to_string()))?;
+        let mut out = Out::new(&stream, self.status.clone());
+        reader.set_read_timeout(Some(ANSWER_TIMEOUT)).ok();
+
+        // Hello: the destination checks the machine before anything runs.
+        let hello = Hello {
+            protocol: PROTOCOL_VERSION,
+            hakoniwa: HAKONIWA_VERSION.into(),
+            mode: self.request.mode,
+            machine: self.snapshot.machine().clone(),
+            resume: false,
+        };
+        out.send(&Message::Hello(to_json(&hello)?))?;
+        out.flush()?;
+        match read_message(&mut reader)?.0 {
+            Message::Welcome(_) => {}
+            Message::Refused(why) => return Err(MigrationError::Refused(why)),
+            other => {
+                return Err(MigrationError::Unexpected {
+                    got: other.name(),
+                    when: "instead of the destination's welcome",
+                })
+            }
+        }
+
+        let pages = self.layout.pages();
+        // Pages the destination has a current copy of.
+        let sent = PageBitmap::new(pages);
+        // Pages to send (again) in the next round / after the switch-over.
+        let dirty = PageBitmap::new(pages);
+        let mut postcopy = self.request.mode == MigrationMode::Postcopy;
+        let log = if postcopy {
+            None
+        } else {
+            Some(RamDirtyLog::start(
+                self.vm_fd.clone(),
+                self.snapshot.memory().clone(),
+            )?)
+        };
+        if let Some(log) = &log {
+            postcopy = self.precopy_rounds(log, &mut out, &sent, &dirty)?;
+        }
+
+        // Stop the guest and take its state.
+        self.status.update(|s| s.phase = Phase::StopAndCopy);
+        self.pauser.pause().map_err(MigrationError::Invalid)?;
+        let stopped = Instant::now();
+        let stopped_at_unix_ns = unix_now_ns();
+        *stage = Stage::BeforeSwitchover { paused: true };
+        let snapshot = self.snapshot.collect(self.pauser.run_control())?;
+        if let Some(log) = &log {
+            log.harvest(&dirty)?;
+        }
+        drop(log);
+        let state = to_json(&StateEnvelope {
+            stopped_at_unix_ns,
+            snapshot,
+        })?;
+
+        if !postcopy {
+            // Stop-and-copy: the rest of the dirty pages, the state, done.
+            self.send_set(&mut out, &dirty, &sent, PageKind::Precopy)?;
+            out.send(&Message::State(state))?;
+            out.send(&Message::Done)?;
+            out.flush()?;
+            *stage = Stage::AfterSwitchover;
+            self.wait_running(&mut reader, stopped, stopped_at_unix_ns)?;
+            let _ = stream.shutdown(Shutdown::Both);
+            return Ok(());
+        }
+
+        // Postcopy: pages sent but dirty since are dropped at the
+        // destination; it runs as soon as it has the state.
+        let discard = runs_of(&dirty, &sent, |i| self.layout.page_of_index(i));
+        for i in (0..pages).filter(|&i| dirty.get(i)) {
+            sent.clear(i);
+        }
+        out.send(&Message::Postcopy { discard })?;
+        out.send(&Message::State(state))?;
+        out.flush()?;
+        *stage = Stage::AfterSwitchover;
+        self.status.update(|s| {
+            s.phase = Phase::Postcopy;
+            s.remaining_pages = (pages - sent.count()) as u64;
+        });
+        self.serve_postcopy(reader, out, &sent, stopped, stopped_at_unix_ns)?;
+        let _ = stream.shutdown(Shutdown::Both);
+        Ok(())
+    }
+
+    /// Precopy rounds until the rest fits the downtime limit; returns
+    /// whether to switch to postcopy (hybrid) instead of stop-and-copy.
+    fn precopy_rounds(
+        &self,
+        log: &RamDirtyLog,
+        out: &mut Out,
+        sent: &PageBitmap,
+        dirty: &PageBitmap,
+    ) -> Result<bool, MigrationError> {
+        self.status.update(|s| s.phase = Phase::Precopy);
+        let max_downtime = self.request.max_downtime_ms as f64 / 1000.0;
+        // Round 0: everything.
+        dirty.set_all();
+        let mut round = 0u32;
+        let mut last_harvest = Instant::now();
+        loop {
+            let started = Instant::now();
+            let bytes_before = out.bytes;
+            let pages_sent = self.send_set(out, dirty, sent, PageKind::Precopy)?;
+            out.flush()?;
+            let took = started.elapsed().as_secs_f64().max(1e-6);
+            let bandwidth = (out.bytes - bytes_before) as f64 / took; // bytes/s
+            round += 1;
+            // What the guest dirtied meanwhile.
+            let found = log.harvest(dirty)?;
+            let since = last_harvest.elapsed().as_secs_f64().max(1e-6);
+            last_harvest = Instant::now();
+            let dirty_rate = found as f64 / since; // pages/s
+            let remaining = dirty.count();
+            let predicted = remaining as f64 * PAGE_SIZE as f64 / bandwidth.max(1.0);
+            self.status.update(|s| {
+                s.rounds = round;
+                s.remaining_pages = remaining as u64;
+                s.dirty_pages_per_s = dirty_rate;
+            });
+            tracing::info!(
+                "migration round {round}: sent {pages_sent} pages in {took:.2} s ({:.1} MiB/s), {found} dirty ({dirty_rate:.0}/s), predicted downtime {:.0} ms",
+                bandwidth / (1 << 20) as f64,
+                predicted * 1000.0
+            );
+            if predicted <= max_downtime {
+                return Ok(false);
+            }
+            let dirty_bytes_rate = dirty_rate * PAGE_SIZE as f64;
+            if self.request.mode == MigrationMode::Hybrid && round >= 2 {
+                // Each round shrinks the rest by about rate/bandwidth; at
+                // or above 0.8 it will not get under the limit in time.
+                let ratio = dirty_bytes_rate / bandwidth.max(1.0);
+                if ratio >= 0.8 {
+                    let reason = format!(
+                        "round {round}: the guest dirties {:.1} MiB/s against {:.1} MiB/s sent (ratio {ratio:.2}); {} pages left would take {:.0} ms, over the {} ms limit",
+                        dirty_bytes_rate / (1 << 20) as f64,
+                        bandwidth / (1 << 20) as f64,
+                        remaining,
+                        predicted * 1000.0,
+                        self.request.max_downtime_ms
+                    );
+                    self.status.update(|s| s.switch_reason = Some(reason));
+                    return Ok(true);
+                }
+            }
+            if round > self.request.max_rounds {
+                if self.request.mode == MigrationMode::Hybrid {
+                    self.status.update(|s| {
+                        s.switch_reason = Some(format!(
+                            "no convergence after {} rounds ({} pages left)",
+                            self.request.max_rounds, remaining
+                        ))
+                    });
+                    return Ok(true);
+                }
+                tracing::warn!(
+                    "precopy did not converge in {} rounds: stopping with {remaining} pages left",
+                    self.request.max_rounds
+                );
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Sends every page set in `set` (clearing it), marking it sent;
+    /// returns how many.
+    fn send_set(
+        &self,
+        out: &mut Out,
+        set: &PageBitmap,
+        sent: &PageBitmap,
+        kind: PageKind,
+    ) -> Result<usize, MigrationError> {
+        let mut n = 0;
+        let mut next = 0;
+        while let Some(start) = set.next_set(next) {
+            let limit = self.layout.pages_left_in_region(start).min(MAX_RUN_PAGES);
+            let mut len = 1;
+            while len < limit && set.get(start + len) {
+                len += 1;
+            }
+            for i in start..start + len {
+                set.clear(i);
+                sent.set(i);
+            }
+            self.send_run(out, kind, start, len)?;
+            n += len;
+            next = start + len;
+        }
+        Ok(n)
+    }
+
+    /// Sends pages `start..start+len` (contiguous in one region), zero
+    /// pages as `Zero` frames and the rest as `Pages`.
+    fn send_run(
+        &self,
+        out: &mut Out,
+        kind: PageKind,
+        start: usize,
+        len: usize,
+    ) -> Result<(), MigrationError> {
+        let mut i = start;
+        while i < start + len {
+            let zero = is_zero_page(self.layout.page_bytes(i));
+            let mut j = i + 1;
+            while j < start + len && is_zero_page(self.layout.page_bytes(j)) == zero {
+                j += 1;
+            }
+            let first = self.layout.page_of_index(i);
+            let count = j - i;
+            if zero {
+                out.send(&Message::Zero {
+                    kind,
+                    first,
+                    count: count as u32,
+                })?;
+                self.status.update(|s| s.pages.zero += count as u64);
+            } else {
+                let mut data = Vec::with_capacity(count * PAGE_SIZE);
+                for k in i..j {
+                    data.extend_from_slice(self.layout.page_bytes(k));
+                }
+                out.send(&Message::Pages { kind, first, data })?;
+            }
+            self.status.update(|s| s.pages.add(kind, count as u64));
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Waits for the destination's `Running` and records the downtime as
+    /// the source sees it.
+    fn wait_running(
+        &self,
+        reader: &mut TcpStream,
+        stopped: Instant,
+        stopped_at_unix_ns: u64,
+    ) -> Result<(), MigrationError> {
+        match read_message(reader)?.0 {
+            Message::Running { at_unix_ns } => {
+                self.record_downtime(stopped, stopped_at_unix_ns, at_unix_ns);
+                Ok(())
+            }
+            Message::Refused(why) => Err(MigrationError::Refused(why)),
+            other => Err(MigrationError::Unexpected {
+                got: other.name(),
+                when: "while waiting for the destination to run",
+            }),
+        }
+    }
+
+    /// The destination runs since `at_unix_ns`: the downtime by both
+    /// clocks (the same clock on one host), and as seen from here.
+    fn record_downtime(&self, stopped: Instant, stopped_at_unix_ns: u64, at_unix_ns: u64) {
+        let seen_here = stopped.elapsed().as_secs_f64() * 1000.0;
+        let measured = at_unix_ns.saturating_sub(stopped_at_unix_ns) as f64 / 1e6;
+        self.status.update(|s| {
+            s.source_downtime_ms = Some(seen_here);
+            s.downtime_ms = Some(measured);
+        });
+    }
+
+    /// Serves postcopy: demanded pages first, each with its ±N neighbours,
+    /// and otherwise the background push, until every page is sent and the
+    /// destination confirms it has them all.
+    fn serve_postcopy(
+        &self,
+        reader: TcpStream,
+        mut out: Out,
+        sent: &PageBitmap,
+        stopped: Instant,
+        stopped_at_unix_ns: u64,
+    ) -> Result<(), MigrationError> {
+        let pages = self.layout.pages();
+        let (tx, rx) = mpsc::channel::<Result<Message, String>>();
+        // The destination's requests and reports, read on their own thread
+        // so a request never waits behind a page we are writing.
+        let reader_thread = std::thread::Builder::new()
+            .name("migrate-requests".into())
+            .spawn(move || {
+                let mut reader = reader;
+                reader.set_read_timeout(None).ok();
+                loop {
+                    match read_message(&mut reader) {
+                        Ok((message, _)) => {
+                            let end = matches!(message, Message::Complete);
+                            if tx.send(Ok(message)).is_err() || end {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e.to_string()));
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| MigrationError::Invalid(format!("cannot start a thread: {e}")))?;
+        let prefetch = self.request.prefetch as usize;
+        let mut cursor = 0usize;
+        let mut done_sent = false;
+        let handle =
+            |message: Message, out: &mut Out, cursor: &mut usize| -> Result<bool, MigrationError> {
+                match message {
+                    Message::Request { first, count } => {
+                        self.status.update(|s| s.requests += 1);
+                        let Some(index) = self.layout.index_of_page(first) else {
+                            return Err(MigrationError::Invalid(format!(
+                                "the destination asked for page {first:#x}, which is not RAM"
+                            )));
+                        };
+                        let count =
+                            (count.max(1) as usize).min(self.layout.pages_left_in_region(index));
+                        for i in index..index + count {
+                            if !sent.set(i) {
+                                self.send_run(out, PageKind::Demand, i, 1)?;
+                            }
+                        }
+                        // Neighbours, nearest first, each side.
+                        for d in 1..=prefetch {
+                            for i in [index.checked_sub(d), Some(index + count - 1 + d)]
+                                .into_iter()
+                                .flatten()
+                            {
+                                if i < pages && !sent.set(i) {
+                                    self.send_run(out, PageKind::Prefetch, i, 1)?;
+                                }
+                            }
+                        }
+                        out.flush()?;
+                        // QEMU's trick: the background push goes on from here,
+                        // where the guest is working.
+                        *cursor = index;
+                        Ok(false)
+                    }
+                    Message::Running { at_unix_ns } => {
+                        self.record_downtime(stopped, stopped_at_unix_ns, at_unix_ns);
+                        Ok(false)
+                    }
+                    Message::Complete => Ok(true),
+                    other => Err(MigrationError::Unexpected {
+                        got: other.name(),
+                        when: "during postcopy",
+                    }),
+                }
+            };
+        let result = loop {
+            // Requests first.
+            let mut complete = false;
+            let next = if done_sent || !self.request.background {
+                match rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(m) => Some(m),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        break Err(MigrationError::Invalid("the request reader stopped".into()))
+                    }
+                }
+            } else {
+                rx.try_recv().ok()
+            };
+            if let Some(m) = next {
+                match m {
+                    Ok(message) => match handle(message, &mut out, &mut cursor) {
+                        Ok(c) => complete = c,
+                        Err(e) => break Err(e),
+                    },
+                    Err(e) => break Err(MigrationError::Invalid(e)),
+                }
+            }
+            if complete {
+                break Ok(());
+            }
+            // Then a slice of the background push.
+            if !done_sent {
+                if self.request.background {
+                    let from = sent.next_clear(cursor).or_else(|| sent.next_clear(0));
+                    if let Some(start) = from {
+                        let limit = self.layout.pages_left_in_region(start).min(BACKGROUND_RUN);
+                        let mut len = 0;
+                        while len < limit && !sent.set(start + len) {
+                            len += 1;
+                        }
+                        if let Err(e) = self.send_run(&mut out, PageKind::Background, start, len) {
+                            break Err(e);
+                        }
+                        cursor = start + len;
+                    }
+                }
+                let left = pages - sent.count();
+                self.status.update(|s| s.remaining_pages = left as u64);
+                if left == 0 {
+                    if let Err(e) = out.send(&Message::Done).and_then(|_| out.flush()) {
+                        break Err(e);
+                    }
+                    done_sent = true;
+                }
+            }
+        };
+        drop(rx);
+        if result.is_ok() {
+            // It ended at Complete; on errors it ends with the connection.
+            let _ = reader_thread.join();
+        }
+        result
+    }
+}
+
+/// Runs of pages set in both `a` and `b`, as (first guest page, count);
+/// `page_of` turns a RAM-order index into its guest page.
+fn runs_of(a: &PageBitmap, b: &PageBitmap, page_of: impl Fn(usize) -> u64) -> Vec<(u64, u32)> {
+    let mut runs: Vec<(u64, u32)> = Vec::new();
+    let mut next = 0;
+    while let Some(i) = a.next_set(next) {
+        next = i + 1;
+        if !b.get(i) {
+            continue;
+        }
+        // Runs are merged by guest page, so one never spans the MMIO hole.
+        let page = page_of(i);
+        match runs.last_mut() {
+            Some((first, count)) if *first + u64::from(*count) == page => *count += 1,
+            _ => runs.push((page, 1)),
+        }
+    }
+    runs
+}
+
+/// The buffered writing half, counting bytes into the status.
+struct Out {
+    writer: BufWriter<TcpStream>,
+    bytes: u64,
+    status: Arc<SharedStatus>,
+}
+
+impl Out {
+    fn new(stream: &TcpStream, status: Arc<SharedStatus>) -> Out {
+        Out {
+            writer: BufWriter::with_capacity(
+                1 << 20,
+                stream
+                    .try_clone()
+                    .expect("a connected TCP stream can be cloned"),
+            ),
+            bytes: 0,
+            status,
+        }
+    }
+
+    fn send(&mut self, message: &Message) -> Result<(), MigrationError> {
+        let n = write_message(&mut self.writer, message)? as u64;
+        self.bytes += n;
+        self.status.update(|s| s.bytes += n);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), MigrationError> {
+        self.writer
+            .flush()
+            .map_err(|e| MigrationError::Stream(e.into()))
+    }
+}
+
+fn connect(to: &str) -> Result<TcpStream, MigrationError> {
+    let fail = |reason: String| MigrationError::Connect {
+        to: to.to_string(),
+        reason,
+    };
+    let addresses: Vec<_> = to
+        .to_socket_addrs()
+        .map_err(|e| fail(e.to_string()))?
+        .collect();
+    let mut last = "no address".to_string();
+    for address in addresses {
+        match TcpStream::connect_timeout(&address, CONNECT_TIMEOUT) {
+            Ok(stream) => {
+                stream.set_nodelay(true).ok();
+                return Ok(stream);
+            }
+            Err(e) => last = api::io_reason(&e),
+        }
+    }
+    Err(fail(last))
+}
+
+fn to_json(value: &impl Serialize) -> Result<Vec<u8>, MigrationError> {
+    serde_json::to_vec(value).map_err(|e| MigrationError::Invalid(format!("state: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discard_runs_cover_pages_dirty_and_sent() {
+        let dirty = PageBitmap::new(20);
+        let sent = PageBitmap::new(20);
+        for i in [1, 2, 3, 7, 8, 15] {
+            dirty.set(i);
+        }
+        for i in [2, 3, 7, 8, 9, 15] {
+            sent.set(i);
+        }
+        assert_eq!(
+            runs_of(&dirty, &sent, |i| i as u64),
+            vec![(2, 2), (7, 2), (15, 1)]
+        );
+        // Contiguous indices on both sides of a hole are two runs.
+        assert_eq!(
+            runs_of(&dirty, &sent, |i| if i < 8 {
+                i as u64
+            } else {
+                i as u64 + 100
+            }),
+            vec![(2, 2), (7, 1), (108, 1), (115, 1)]
+        );
+    }
+}
