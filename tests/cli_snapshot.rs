@@ -51,7 +51,7 @@ fn metadata(memory_mib: u64) -> String {
         "xcrs":null,"debug_regs":[],"lapic":[],"msrs":[],"vcpu_events":[],"tsc_khz":null}}],
         "devices":{{"com1":{{"baud_divisor_low":12,"baud_divisor_high":0,"interrupt_enable":0,
         "interrupt_identification":1,"line_control":3,"line_status":96,"modem_control":8,
-        "modem_status":176,"scratch":0,"in_buffer":[]}}}}}}"#
+        "modem_status":176,"scratch":0,"in_buffer":[]}},"virtio":{{}}}}}}"#
     )
 }
 
@@ -130,7 +130,7 @@ fn a_file_that_is_not_a_snapshot() {
 
 #[test]
 fn corrupt_metadata_is_refused() {
-    let mut bytes = snapshot_bytes(1, 2);
+    let mut bytes = snapshot_bytes(2, 2);
     let at = bytes.windows(6).position(|w| w == b"vcpus\"").unwrap();
     bytes[at] = b'w';
     let path = write("corrupt.snap", &bytes);
@@ -139,7 +139,7 @@ fn corrupt_metadata_is_refused() {
 
 #[test]
 fn a_truncated_snapshot_is_refused() {
-    let bytes = snapshot_bytes(1, 2);
+    let bytes = snapshot_bytes(2, 2);
     let path = write("truncated.snap", &bytes[..bytes.len() - 4096]);
     expect_refusal(&path, "2M", &[], "is truncated");
     let path = write("truncated-header.snap", &bytes[..10]);
@@ -154,7 +154,7 @@ fn another_format_version_is_refused() {
 
 #[test]
 fn a_memory_size_mismatch_is_refused() {
-    let path = write("2m.snap", &snapshot_bytes(1, 2));
+    let path = write("2m.snap", &snapshot_bytes(2, 2));
     expect_refusal(
         &path,
         "4M",
@@ -165,12 +165,23 @@ fn a_memory_size_mismatch_is_refused() {
 }
 
 #[test]
-fn virtio_devices_are_refused() {
-    let path = write("virtio.snap", &snapshot_bytes(1, 2));
+fn a_display_is_refused() {
+    let path = write("display.snap", &snapshot_bytes(2, 2));
     expect_refusal(
         &path,
         "2M",
-        &["--rng"],
-        "snapshot of virtio devices is not supported yet (--rng)",
+        &["--display", "vnc=127.0.0.1:0"],
+        "snapshot of a display is not supported yet (--display)",
+    );
+}
+
+#[test]
+fn a_snapshot_of_the_previous_format_is_refused() {
+    let path = write("v1.snap", &snapshot_bytes(1, 2));
+    expect_refusal(
+        &path,
+        "2M",
+        &[],
+        "has format version 1; this hakoniwa reads version 2",
     );
 }

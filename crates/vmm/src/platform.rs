@@ -1,7 +1,9 @@
 //! The VM's devices: the legacy PC platform on the port bus, the PCI root
 //! bus with its host bridge, and virtio devices attached to it with their
-//! BARs on the MMIO bus. Owns what the ACPI tables must say about them.
+//! BARs on the MMIO bus. Owns what the ACPI tables must say about them, and
+//! keeps the virtio functions ([`VirtioFunctions`]) for snapshots.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use arch::acpi::{AcpiPlatform, LegacyDevice, S5_SLEEP_TYPE};
@@ -22,10 +24,10 @@ use devices::virtio::balloon::{Balloon, BalloonControl};
 use devices::virtio::block::{Block, BlockConfig};
 use devices::virtio::input::{Input, InputControl};
 use devices::virtio::net::Net;
-use devices::virtio::pci::{VirtioPciDevice, BAR_SIZE};
+use devices::virtio::pci::{VirtioPciDevice, VirtioPciState, BAR_SIZE};
 use devices::virtio::rng::Rng;
 use devices::virtio::vsock::Vsock;
-use devices::virtio::VirtioDevice;
+use devices::virtio::{StateError, VirtioDevice};
 use devices::{Bus, ExitNotifier, SharedDevice};
 use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -44,6 +46,8 @@ pub struct Platform {
     /// Signalled when the guest drained COM1's input FIFO.
     pub serial_input_space: EventFd,
     pub devices: Vec<DeviceDescription>,
+    /// The virtio-pci functions, for snapshots.
+    pub virtio: VirtioFunctions,
     pci: Arc<Mutex<PciConfigIo>>,
     routing: Arc<MsiRouting>,
     bars: BarAllocator,
@@ -75,6 +79,10 @@ impl Platform {
 
         let mut platform = Platform {
             pio,
+            virtio: VirtioFunctions {
+                mmio: mmio.clone(),
+                functions: Vec::new(),
+            },
             mmio,
             serial: serial.clone(),
             serial_input_space,
@@ -176,7 +184,8 @@ impl Platform {
         self.pci
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .add_function(slot, virtio);
+            .add_function(slot, virtio.clone());
+        self.virtio.functions.push((id.clone(), virtio));
         self.devices.push(DeviceDescription {
             id: id.clone(),
             kind,
@@ -213,6 +222,110 @@ impl Platform {
     /// The reset register the reset-vector stub writes.
     pub fn reset_register() -> (u16, u8) {
         (ACPI_PM_PORT + RESET_OFFSET as u16, RESET_VALUE)
+    }
+}
+
+/// The VM's virtio-pci functions by device id, and the MMIO bus their BARs
+/// are on: what a snapshot pauses and saves, and a restore puts back
+/// (docs/snapshot.md). Cheap to clone.
+#[derive(Clone)]
+pub struct VirtioFunctions {
+    mmio: Arc<Bus>,
+    functions: Vec<(String, Arc<Mutex<VirtioPciDevice>>)>,
+}
+
+/// A virtio function's id and what went wrong with its state.
+pub type VirtioStateFailure = (String, StateError);
+
+impl VirtioFunctions {
+    /// Whether the VM has no virtio device.
+    pub fn is_empty(&self) -> bool {
+        self.functions.is_empty()
+    }
+
+    fn lock(function: &Mutex<VirtioPciDevice>) -> std::sync::MutexGuard<'_, VirtioPciDevice> {
+        function.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Pauses every function (see `VirtioPciDevice::save_state`) and takes
+    /// its state, by id. The VM's vCPUs must be paused. On failure, the
+    /// functions already paused are resumed and none stays paused.
+    pub fn pause_and_save(&self) -> Result<BTreeMap<String, VirtioPciState>, VirtioStateFailure> {
+        let mut states = BTreeMap::new();
+        for (id, function) in &self.functions {
+            match Self::lock(function).save_state() {
+                Ok(state) => {
+                    states.insert(id.clone(), state);
+                }
+                Err(error) => {
+                    // The failed one too: it may be half paused.
+                    let _ = self.resume();
+                    return Err((id.clone(), error));
+                }
+            }
+        }
+        Ok(states)
+    }
+
+    /// Lets every function serve again (after `pause_and_save` on this VM,
+    /// or `restore` on a new one). All are tried; the first failure is
+    /// returned.
+    pub fn resume(&self) -> Result<(), VirtioStateFailure> {
+        let mut result = Ok(());
+        for (id, function) in &self.functions {
+            if let Err(error) = Self::lock(function).resume() {
+                tracing::error!("virtio device {id}: {error}");
+                if result.is_ok() {
+                    result = Err((id.clone(), error));
+                }
+            }
+        }
+        result
+    }
+
+    /// Puts `states` back into the functions of a VM just built from the
+    /// same flags (before any vCPU exists): each function must have its
+    /// state and each state its function. The devices stay paused until
+    /// [`resume`](Self::resume), which must come once the vCPUs' state is
+    /// back (an interrupt raised before that would be lost).
+    pub fn restore(
+        &self,
+        states: &BTreeMap<String, VirtioPciState>,
+    ) -> Result<(), VirtioStateFailure> {
+        if let Some(id) = states
+            .keys()
+            .find(|id| !self.functions.iter().any(|(f, _)| f == *id))
+        {
+            return Err((
+                id.clone(),
+                StateError::Mismatch("the snapshot has this device, this VM does not".into()),
+            ));
+        }
+        for (id, function) in &self.functions {
+            let state = states.get(id).ok_or_else(|| {
+                (
+                    id.clone(),
+                    StateError::Mismatch(
+                        "this VM has the device, the snapshot has no state for it".into(),
+                    ),
+                )
+            })?;
+            let moved = Self::lock(function)
+                .restore_state(state)
+                .map_err(|e| (id.clone(), e))?;
+            if let Some(moved) = moved {
+                self.mmio.relocate(moved.old, moved.new).map_err(|e| {
+                    (
+                        id.clone(),
+                        StateError::Platform(format!(
+                            "its BAR cannot go back to {:#x}: {e}",
+                            moved.new
+                        )),
+                    )
+                })?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -249,6 +249,11 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
             events: events.clone(),
         });
     }
+    // Restored virtio devices serve from here on: every vCPU's LAPIC is
+    // back, so the interrupts they raise on resuming reach the guest.
+    if saved.is_some() {
+        snapshot_restore::resume_virtio(&platform)?;
+    }
     for vcpu in vcpus {
         vm.vcpu_threads
             .push(vcpu.spawn().map_err(|e| Error::Thread {
@@ -297,20 +302,23 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     };
     signals::spawn_signal_thread(events.clone())?;
 
-    let snapshot_source = Arc::new(SnapshotSource::new(
-        vm_fd.clone(),
-        memory.clone(),
-        platform.serial.clone(),
-        snapshot_restore::machine_state(
-            config,
-            &platform.devices,
-            boot_protocol,
-            kernel.clone(),
-            cmdline.clone(),
-        ),
-        msr_indices,
-        snapshot_restore::unsupported(config),
-    ));
+    let snapshot_source = Arc::new(
+        SnapshotSource::new(
+            vm_fd.clone(),
+            memory.clone(),
+            platform.serial.clone(),
+            snapshot_restore::machine_state(
+                config,
+                &platform.devices,
+                boot_protocol,
+                kernel.clone(),
+                cmdline.clone(),
+            ),
+            msr_indices,
+            snapshot_restore::unsupported(config),
+        )
+        .with_virtio(platform.virtio.clone()),
+    );
     drop(restore);
     let description = VmDescription {
         vcpus: config.vcpus,

@@ -1,6 +1,7 @@
 //! VM snapshots (docs/snapshot.md): the whole VM's state — every vCPU,
-//! the in-kernel irqchip, PIT and kvm-clock, COM1 and guest RAM — in one
-//! file, and a VM built from that file that continues where it stopped.
+//! the in-kernel irqchip, PIT and kvm-clock, COM1, the virtio devices and
+//! guest RAM — in one file, and a VM built from that file that continues
+//! where it stopped.
 //!
 //! - [`state`]: the serializable state types;
 //! - [`vcpu_state`]: saving and restoring one vCPU (on its own thread);
@@ -60,6 +61,17 @@ pub enum SnapshotError {
     },
     #[error("snapshot: {0}")]
     Invalid(String),
+    #[error("virtio device {id}: {error}")]
+    Virtio {
+        id: String,
+        error: devices::virtio::StateError,
+    },
+}
+
+impl From<crate::platform::VirtioStateFailure> for SnapshotError {
+    fn from((id, error): crate::platform::VirtioStateFailure) -> Self {
+        SnapshotError::Virtio { id, error }
+    }
 }
 
 impl SnapshotError {

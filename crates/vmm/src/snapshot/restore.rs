@@ -14,37 +14,28 @@ use crate::controller::DeviceDescription;
 use crate::platform::Platform;
 
 /// What a VM built from `config` has that a snapshot cannot hold yet:
-/// (what, the flags that add it).
+/// (what, the flags that add it). Every virtio device is saved; the
+/// display is not (its framebuffer has a memory slot of its own, outside
+/// guest RAM).
 pub fn unsupported(config: &VmConfig) -> Option<(String, String)> {
-    let v = &config.virtio;
-    let mut flags = Vec::new();
-    if !v.disks.is_empty() {
-        flags.push("--disk");
-    }
-    if !v.nets.is_empty() {
-        flags.push("--net");
-    }
-    if v.vsock.is_some() {
-        flags.push("--vsock");
-    }
-    if v.rng.is_some() {
-        flags.push("--rng");
-    }
-    if v.balloon.is_some() {
-        flags.push("--balloon");
-    }
-    if !v.inputs.is_empty() {
-        flags.push("--input");
-    }
-    if config.display.is_some() {
-        // The display adds virtio input devices and a framebuffer slot.
-        flags.push("--display");
-    }
-    if flags.is_empty() {
-        None
-    } else {
-        Some(("virtio devices".into(), flags.join(", ")))
-    }
+    config
+        .display
+        .is_some()
+        .then(|| ("a display".into(), "--display".into()))
+}
+
+/// Puts the virtio devices' state back into a freshly built VM, before any
+/// vCPU exists; the devices stay paused until [`resume_virtio`], once the
+/// vCPUs' state is back.
+pub fn restore_virtio(platform: &Platform, snapshot: &VmSnapshot) -> Result<(), SnapshotError> {
+    Ok(platform.virtio.restore(&snapshot.devices.virtio)?)
+}
+
+/// Lets the virtio devices of a restored VM serve: called after every
+/// vCPU's state (its LAPIC above all) is restored and before any runs, so
+/// the interrupts the devices raise on resuming reach the guest.
+pub fn resume_virtio(platform: &Platform) -> Result<(), SnapshotError> {
+    Ok(platform.virtio.resume()?)
 }
 
 /// Opens the snapshot `path` for a VM built from `config` and checks that
@@ -155,6 +146,7 @@ pub fn apply_vm_state(
         .unwrap_or_else(|e| e.into_inner())
         .restore(&com1)
         .map_err(|e| crate::Error::Device("com1".into(), e))?;
+    restore_virtio(platform, snapshot)?;
     Ok(())
 }
 

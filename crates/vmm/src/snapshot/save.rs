@@ -1,6 +1,7 @@
-//! Taking a snapshot of a running VM: with every vCPU parked, each vCPU
-//! thread saves its own state, then the VM-wide state, COM1 and RAM are
-//! written.
+//! Taking a snapshot of a running VM: with every vCPU parked, the virtio
+//! devices are paused and their state taken, each vCPU thread saves its
+//! own state, then the VM-wide state, COM1 and RAM are written, and the
+//! devices resume.
 
 use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
@@ -15,6 +16,7 @@ use super::vcpu_state::save_vcpu;
 use super::vm_state::save_vm;
 use super::SnapshotError;
 use crate::memory::GuestMemoryMmap;
+use crate::platform::VirtioFunctions;
 use crate::vcpu::{RunControl, Vcpu};
 
 /// How long a parked vCPU thread may take to save its state.
@@ -27,6 +29,8 @@ pub struct SnapshotSource {
     serial: Arc<Mutex<Serial>>,
     machine: MachineState,
     msr_indices: Arc<Vec<u32>>,
+    /// The virtio functions, paused by `collect` until `resume_devices`.
+    virtio: Option<VirtioFunctions>,
     /// Set when the VM has state this version cannot save: (what, flags).
     unsupported: Option<(String, String)>,
     /// One snapshot at a time.
@@ -51,9 +55,18 @@ impl SnapshotSource {
             serial,
             machine,
             msr_indices: Arc::new(msr_indices),
+            virtio: None,
             unsupported,
             busy: Mutex::new(()),
         }
+    }
+
+    /// Saves (and restores) `functions`, the VM's virtio devices, too.
+    /// A VM that has virtio devices must give them here: without them a
+    /// snapshot cannot be restored.
+    pub fn with_virtio(mut self, functions: VirtioFunctions) -> Self {
+        self.virtio = Some(functions);
+        self
     }
 
     /// Refuses VMs whose state a snapshot cannot hold yet.
@@ -68,19 +81,59 @@ impl SnapshotSource {
     }
 
     /// Saves the VM to `path`; every vCPU must be parked (paused) and stay
-    /// so until this returns. Returns the file's size.
+    /// so until this returns. The virtio devices are paused while RAM is
+    /// written and resumed before this returns, whatever happens. Returns
+    /// the file's size.
     pub fn save(&self, path: &Path, control: &RunControl) -> Result<u64, SnapshotError> {
         let _busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         let snapshot = self.collect(control)?;
-        write_snapshot(path, &snapshot, &self.memory)
+        let written = write_snapshot(path, &snapshot, &self.memory);
+        let resumed = self.resume_devices();
+        let size = written?;
+        resumed?;
+        Ok(size)
     }
 
-    /// Gathers the whole VM's state except RAM: each vCPU's on its own
-    /// thread, then the VM-wide KVM state and the devices'. Every vCPU must
-    /// be parked (paused) and stay so until the state has been used (saved
-    /// to a file, or sent to a migration's destination).
+    /// Gathers the whole VM's state except RAM. Every vCPU must be parked
+    /// (paused) and stay so until the state has been used (saved to a
+    /// file, or sent to a migration's destination).
+    ///
+    /// The virtio devices are paused first (their requests in flight
+    /// completed, their workers stopped) and **stay paused** when this
+    /// returns `Ok`: they would otherwise go on writing guest RAM, which
+    /// must be copied as it is with this state. The caller must then call
+    /// [`resume_devices`](Self::resume_devices) before the vCPUs run again
+    /// (the snapshot was written, or a migration failed), or end the VM.
+    /// On `Err` nothing stays paused.
+    ///
+    /// The devices go first because completing their requests raises
+    /// interrupts, which must reach the LAPICs before the vCPUs' state is
+    /// read.
     pub fn collect(&self, control: &RunControl) -> Result<VmSnapshot, SnapshotError> {
         self.check_supported()?;
+        let virtio = match &self.virtio {
+            Some(functions) => functions.pause_and_save()?,
+            None => Default::default(),
+        };
+        self.collect_paused(control, virtio).inspect_err(|_| {
+            let _ = self.resume_devices();
+        })
+    }
+
+    /// Lets the virtio devices paused by [`collect`](Self::collect) serve
+    /// again, from where they stopped.
+    pub fn resume_devices(&self) -> Result<(), SnapshotError> {
+        match &self.virtio {
+            Some(functions) => Ok(functions.resume()?),
+            None => Ok(()),
+        }
+    }
+
+    fn collect_paused(
+        &self,
+        control: &RunControl,
+        virtio: std::collections::BTreeMap<String, devices::virtio::pci::VirtioPciState>,
+    ) -> Result<VmSnapshot, SnapshotError> {
         let mut vcpus = Vec::with_capacity(usize::from(self.machine.vcpus));
         for index in 0..self.machine.vcpus {
             let (reply, answer) = mpsc::channel();
@@ -116,7 +169,7 @@ impl SnapshotSource {
             machine: self.machine.clone(),
             vm,
             vcpus,
-            devices: DeviceStates { com1 },
+            devices: DeviceStates { com1, virtio },
         })
     }
 

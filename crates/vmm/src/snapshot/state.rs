@@ -2,6 +2,9 @@
 //! holds. KVM's own structures are kept whole (kvm-bindings serializes them
 //! as their raw bytes), so nothing KVM reports is lost in translation.
 
+use std::collections::BTreeMap;
+
+use devices::virtio::pci::VirtioPciState;
 use kvm_bindings::{
     kvm_clock_data, kvm_cpuid_entry2, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state,
     kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave,
@@ -87,6 +90,10 @@ pub struct VcpuState {
 pub struct DeviceStates {
     /// COM1 (16550A).
     pub com1: SerialRegisters,
+    /// Each virtio-pci function by device id ("disk0", "rng0", ...): PCI
+    /// configuration, MSI-X, transport registers, queue positions and the
+    /// device's own state.
+    pub virtio: BTreeMap<String, VirtioPciState>,
 }
 
 /// vm-superio's `SerialState`, in a form serde can write.
