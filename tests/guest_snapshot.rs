@@ -1,7 +1,7 @@
 //! Snapshot and restore of a running default guest (docs/snapshot.md): a
 //! counter started in the guest's shell keeps counting in the restored VM,
-//! and a guest using every virtio device but input (rng, disk, net,
-//! balloon, vsock) keeps using them after a restore.
+//! and a guest using every virtio device (rng, disk, net, balloon, vsock,
+//! input) keeps using them after a restore.
 //!
 //! `#[ignore]`d like the other guest tests; `scripts/test` runs them in
 //! the rig.
@@ -306,6 +306,8 @@ fn a_restored_guest_keeps_its_virtio_devices() {
         "--balloon",
         "--vsock",
         &vsock,
+        "--input",
+        "keyboard",
     ];
 
     let socket = temp_socket("snap-virtio-a");
@@ -350,7 +352,10 @@ fn a_restored_guest_keeps_its_virtio_devices() {
     let virtio = meta["devices"]["virtio"].as_object().unwrap();
     let mut ids: Vec<&str> = virtio.keys().map(String::as_str).collect();
     ids.sort();
-    assert_eq!(ids, ["balloon0", "disk0", "net0", "rng0", "vsock0"]);
+    assert_eq!(
+        ids,
+        ["balloon0", "disk0", "keyboard0", "net0", "rng0", "vsock0"]
+    );
     for (id, function) in virtio {
         assert_eq!(function["activated"], true, "{id} was not in use");
     }
@@ -359,6 +364,21 @@ fn a_restored_guest_keeps_its_virtio_devices() {
     // The original goes on after the snapshot: its devices were resumed.
     wait_io_past(&mut vmm, before_rounds + 2);
     drop(vmm);
+
+    // Another MAC is refused, with one line, before the guest runs.
+    let other_net = format!("tap={},mac=52:54:00:aa:bb:03", tap.name);
+    let mut args = vec!["run", "--restore", &snapshot];
+    args.extend(
+        flags
+            .iter()
+            .map(|f| if *f == net { other_net.as_str() } else { f }),
+    );
+    let (code, _, stderr) = common::run_to_end(&args, GUEST_TIMEOUT);
+    assert_ne!(code, 0, "{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        "hakoniwa: virtio device net0: the guest's MAC is 52:54:00:aa:bb:02, --net gives 52:54:00:aa:bb:03"
+    );
 
     let socket = temp_socket("snap-virtio-b");
     let mut args = vec!["run", "--api-socket", &socket, "--restore", &snapshot];
@@ -401,6 +421,9 @@ fn a_restored_guest_keeps_its_virtio_devices() {
     let answer = restored.shell("echo ping-$((2+3)) | hk-vsock connect 2 5000");
     server.join().unwrap();
     assert_eq!(answer.trim(), "pong:ping-5");
+    // The keyboard is still the guest's.
+    let input = restored.shell("grep -c 'hakoniwa virtio keyboard' /proc/bus/input/devices");
+    assert_eq!(input.trim(), "1", "{input}");
     // The balloon kept its size and target, and still follows the host.
     assert_eq!(balloon_mib(&socket), (32, 32));
     let (ok, out) = common::ctl(&socket, &["balloon", "--target", "0"]);
