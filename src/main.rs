@@ -164,8 +164,8 @@ enum CtlCommandArg {
         #[arg(long, value_name = "tcp:HOST:PORT", value_parser = parse_tcp_keep)]
         to: String,
         /// precopy, postcopy or hybrid.
-        #[arg(long, value_name = "MODE", value_parser = parse_mode)]
-        mode: api::MigrateMode,
+        #[arg(long, value_name = "MODE", value_parser = parse_mode, required_unless_present = "resume")]
+        mode: Option<api::MigrateMode>,
         /// Postcopy: pages sent on each side of a demanded page (default 8).
         #[arg(long, value_name = "N")]
         prefetch: Option<u32>,
@@ -180,9 +180,17 @@ enum CtlCommandArg {
         /// neighbours), no background push.
         #[arg(long)]
         no_background: bool,
+        /// Cap the precopy rounds and the background push at this many
+        /// MiB/s (demanded pages are never held back).
+        #[arg(long, value_name = "MIB_S", value_parser = clap::value_parser!(u32).range(1..))]
+        max_bandwidth: Option<u32>,
         /// Return once started instead of following the progress.
         #[arg(long)]
         no_wait: bool,
+        /// Resume a postcopy whose connection dropped, to --to (the
+        /// destination's --incoming address, or another path to it).
+        #[arg(long, conflicts_with_all = ["prefetch", "max_downtime", "max_rounds", "no_background", "max_bandwidth"])]
+        resume: bool,
     },
     /// Show the current or last migration's report (JSON), on either side.
     Migration,
@@ -396,15 +404,20 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
             max_downtime,
             max_rounds,
             no_background,
+            max_bandwidth,
             no_wait,
+            resume,
         } => {
             let request = api::MigrateRequest {
                 to,
-                mode,
+                // A resume goes on in the paused migration's mode.
+                mode: mode.unwrap_or(api::MigrateMode::Postcopy),
                 prefetch,
                 max_downtime_ms: max_downtime,
                 max_rounds,
                 background: no_background.then_some(false),
+                resume: resume.then_some(true),
+                max_bandwidth_mib: max_bandwidth,
             };
             api::run_ctl(&args.api_socket, &api::CtlCommand::Migrate(request))
                 .map_err(|e| e.to_string())?;

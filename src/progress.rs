@@ -119,6 +119,19 @@ fn summary(r: &serde_json::Value) -> String {
     if let Some(reason) = r["switch_reason"].as_str() {
         line += &format!("; switched to postcopy: {reason}");
     }
+    for round in r["round_log"].as_array().into_iter().flatten() {
+        let f = |k: &str| round[k].as_f64().unwrap_or(0.0);
+        line += &format!(
+            "\n  round {}: {} pages in {:.2} s ({:.1} MiB/s), {} dirtied meanwhile ({:.0}/s), stopping then: {:.0} ms",
+            round["round"],
+            round["pages"],
+            f("seconds"),
+            f("mib_per_s"),
+            round["dirty_pages"],
+            f("dirty_pages_per_s"),
+            f("predicted_downtime_ms"),
+        );
+    }
     line
 }
 

@@ -212,3 +212,64 @@ fn bad_metrics_paths_and_intervals() {
     );
     assert_eq!(code, 2);
 }
+
+#[test]
+fn incoming_addresses_and_busy_ports_are_one_line_errors() {
+    let kernel = fake_bzimage();
+    let kernel = kernel.to_str().unwrap();
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    let address = format!("tcp:127.0.0.1:{port}");
+    let (code, _) = expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel,
+            "--memory",
+            "256M",
+            "--incoming",
+            &address,
+        ],
+        "cannot listen",
+    );
+    assert_eq!(code, 125);
+    expect_error(
+        &["run", "--kernel", kernel, "--incoming", "127.0.0.1:4444"],
+        "tcp:HOST:PORT",
+    );
+    expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel,
+            "--incoming",
+            "tcp:127.0.0.1:99999",
+        ],
+        "not a port",
+    );
+    expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel,
+            "--incoming",
+            "tcp:127.0.0.1:4444",
+            "--restore",
+            "x",
+        ],
+        "cannot be used with",
+    );
+    expect_error(
+        &[
+            "ctl",
+            "--api-socket",
+            "/nonexistent.sock",
+            "migrate",
+            "--to",
+            "tcp:h:1",
+            "--mode",
+            "teleport",
+        ],
+        "not precopy, postcopy or hybrid",
+    );
+}

@@ -155,6 +155,14 @@ pub struct MigrateRequest {
     /// Push pages nobody asked for during postcopy (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub background: Option<bool>,
+    /// Cap on the bandwidth of precopy rounds and the postcopy background
+    /// push, MiB/s (default none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bandwidth_mib: Option<u32>,
+    /// Resume a postcopy whose connection dropped, over a new connection
+    /// to `to` (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<bool>,
 }
 
 /// Body of `PUT /api/v1/vm.snapshot`.

@@ -249,6 +249,8 @@ mod tests {
                 max_downtime_ms: Some(100),
                 max_rounds: None,
                 background: Some(true),
+                resume: None,
+                max_bandwidth_mib: None,
             }),
             ApiAction::MigrationInfo,
         ];

@@ -874,6 +874,8 @@ fn migrate_endpoint_carries_the_request_and_the_report_comes_back() {
         max_downtime_ms: None,
         max_rounds: None,
         background: Some(false),
+        resume: None,
+        max_bandwidth_mib: None,
     };
     assert_eq!(
         client::run_ctl(&h.path, &CtlCommand::Migrate(request.clone())).unwrap(),

@@ -185,6 +185,8 @@ impl VmControl {
                 .max(1),
             max_rounds: request.max_rounds.unwrap_or(DEFAULT_MAX_ROUNDS).max(1),
             background: request.background.unwrap_or(true),
+            resume: request.resume.unwrap_or(false),
+            max_bandwidth_mib: request.max_bandwidth_mib,
         };
         source
             .start(request)

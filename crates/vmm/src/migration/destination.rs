@@ -82,7 +82,7 @@ impl Incoming {
         let hello = read_hello(&mut reader)?;
         if let Err(why) = check_machine(&hello, machine) {
             let _ = write_message(&mut writer, &Message::Refused(why.clone()));
-            return Err(MigrationError::Refused(why));
+            return Err(MigrationError::RefusedIncoming(why));
         }
         write_message(&mut writer, &Message::Welcome(b"{}".to_vec()))?;
 
@@ -178,9 +178,12 @@ impl Incoming {
                 let pauser: Arc<Mutex<Option<Arc<dyn VmPauser>>>> = Arc::new(Mutex::new(None));
                 let pages = {
                     let (shared, status, pauser) = (shared.clone(), status.clone(), pauser.clone());
+                    let (listener, machine) = (self.listener, machine.clone());
                     std::thread::Builder::new()
                         .name("postcopy-pages".into())
-                        .spawn(move || receive_pages(reader, &shared, &status, &pauser))
+                        .spawn(move || {
+                            receive_pages(reader, listener, machine, &shared, &status, &pauser)
+                        })
                         .map_err(|e| {
                             MigrationError::Invalid(format!("cannot start a thread: {e}"))
                         })?
@@ -292,7 +295,7 @@ fn check_state(snapshot: &VmSnapshot, machine: &MachineState) -> Result<(), Migr
 
 /// Precopy placement: copies pages into RAM (before userfaultfd is
 /// registered, plain writes). A zero page never written needs nothing:
-/// fresh anonymous memory reads as zero.
+/// fresh anonymous memory reads as zero; it is only marked as known.
 fn write_pages(
     layout: &RamLayout,
     written: &PageBitmap,
@@ -322,6 +325,10 @@ fn write_pages(
                     // SAFETY: as above.
                     unsafe { std::ptr::write_bytes(host, 0, PAGE_SIZE) };
                 }
+                // Known to be zero, whether or not it is backed yet: a
+                // postcopy maps the zero page when the guest touches it
+                // rather than ask the source again.
+                written.set(index);
             }
         }
     }
@@ -420,83 +427,182 @@ const RUN_FRACTION_REFRESH: Duration = Duration::from_millis(200);
 /// pages exist nowhere else.
 fn receive_pages(
     mut reader: TcpStream,
+    listener: TcpListener,
+    machine: MachineState,
     shared: &PostcopyShared,
     status: &SharedStatus,
     pauser: &Mutex<Option<Arc<dyn VmPauser>>>,
 ) {
-    let mut refreshed = Instant::now();
-    let result = (|| -> Result<(), MigrationError> {
-        loop {
-            let (message, n) = read_message(&mut reader)?;
-            status.update(|s| s.bytes += n as u64);
-            match message {
-                Message::Pages { kind, first, data } => {
-                    shared.place(kind, first, Some(&data), data.len() / PAGE_SIZE)?
-                }
-                Message::Zero { kind, first, count } => {
-                    shared.place(kind, first, None, count as usize)?
-                }
-                Message::Done => {
-                    if !shared.all_received() {
-                        return Err(MigrationError::Stream(StreamError::Corrupt(format!(
-                            "the source finished with {} pages missing",
-                            shared.missing()
-                        ))));
+    let pause = || {
+        if let Some(pauser) = pauser.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            if let Err(p) = pauser.pause() {
+                tracing::warn!("cannot pause the guest: {p}");
+            }
+        }
+    };
+    loop {
+        let result = take_pages(&mut reader, shared, status);
+        let fraction = shared.run_fraction();
+        status.update(|s| s.run_fraction = fraction);
+        match result {
+            Ok(()) => {
+                shared.unregister();
+                status.finish(Phase::Completed, None);
+                let s = status.get();
+                eprint!(
+                    "hakoniwa: migration in: postcopy complete after {:.1} s ({} demand, {} prefetch, {} background pages; {} major, {} minor, {} double faults)\r\n",
+                    s.total_ms.unwrap_or(0) as f64 / 1000.0,
+                    s.pages.demand,
+                    s.pages.prefetch,
+                    s.pages.background,
+                    s.faults.major,
+                    s.faults.minor,
+                    s.faults.double
+                );
+                return;
+            }
+            // The link broke (or the source died): the guest waits, and
+            // the source may resume over a new connection.
+            Err(e) if e.is_disconnect() => {
+                shared.disconnected();
+                pause();
+                status.update(|s| s.phase = Phase::Paused);
+                let address = listener
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default();
+                eprint!(
+                    "hakoniwa: migration in: postcopy connection lost ({e}); {} pages exist only on the source, so the guest is paused until the source resumes the migration (`hakoniwa ctl migrate --resume --to tcp:{address}` there)\r\n",
+                    shared.missing()
+                );
+                match accept_resume(&listener, &machine, shared) {
+                    Ok(new_reader) => {
+                        reader = new_reader;
+                        status.update(|s| {
+                            s.phase = Phase::Postcopy;
+                            s.resumes += 1;
+                        });
+                        if let Some(pauser) =
+                            pauser.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
+                        {
+                            pauser.resume();
+                        }
+                        eprint!("hakoniwa: migration in: postcopy resumed\r\n");
                     }
-                    shared.send(&Message::Complete)?;
-                    return Ok(());
-                }
-                other => {
-                    return Err(MigrationError::Unexpected {
-                        got: other.name(),
-                        when: "during postcopy",
-                    })
+                    Err(e) => {
+                        eprint!("hakoniwa: migration in: cannot wait for a resume: {e}\r\n");
+                        status.finish(Phase::Failed, Some(e.to_string()));
+                        return;
+                    }
                 }
             }
-            if refreshed.elapsed() >= RUN_FRACTION_REFRESH {
-                refreshed = Instant::now();
-                let fraction = shared.run_fraction();
-                let missing = shared.missing() as u64;
-                status.update(|s| {
-                    s.run_fraction = fraction;
-                    s.remaining_pages = missing;
-                });
+            Err(e) => {
+                shared.disconnected();
+                pause();
+                let missing = shared.missing();
+                eprint!(
+                    "hakoniwa: migration in: postcopy stopped: {e}; {missing} pages exist only on the source, so the guest is paused\r\n"
+                );
+                status.finish(
+                    Phase::Failed,
+                    Some(format!("{e}; {missing} pages missing; the guest is paused")),
+                );
+                return;
             }
         }
-    })();
-    let fraction = shared.run_fraction();
-    status.update(|s| s.run_fraction = fraction);
-    match result {
-        Ok(()) => {
-            shared.unregister();
-            status.finish(Phase::Completed, None);
-            let s = status.get();
-            eprint!(
-                "hakoniwa: migration in: postcopy complete after {:.1} s ({} demand, {} prefetch, {} background pages; {} major, {} minor, {} double faults)\r\n",
-                s.total_ms.unwrap_or(0) as f64 / 1000.0,
-                s.pages.demand,
-                s.pages.prefetch,
-                s.pages.background,
-                s.faults.major,
-                s.faults.minor,
-                s.faults.double
-            );
-        }
-        Err(e) => {
-            shared.disconnected();
-            if let Some(pauser) = pauser.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-                if let Err(p) = pauser.pause() {
-                    tracing::warn!("cannot pause the guest: {p}");
+    }
+}
+
+/// Places pages until the source says it sent them all (then confirms).
+fn take_pages(
+    reader: &mut TcpStream,
+    shared: &PostcopyShared,
+    status: &SharedStatus,
+) -> Result<(), MigrationError> {
+    let mut refreshed = Instant::now();
+    loop {
+        let (message, n) = read_message(reader)?;
+        status.update(|s| s.bytes += n as u64);
+        match message {
+            Message::Pages { kind, first, data } => {
+                shared.place(kind, first, Some(&data), data.len() / PAGE_SIZE)?
+            }
+            Message::Zero { kind, first, count } => {
+                shared.place(kind, first, None, count as usize)?
+            }
+            Message::Done => {
+                if !shared.all_received() {
+                    return Err(MigrationError::Stream(StreamError::Corrupt(format!(
+                        "the source finished with {} pages missing",
+                        shared.missing()
+                    ))));
                 }
+                shared.send(&Message::Complete)?;
+                return Ok(());
             }
-            let missing = shared.missing();
-            eprint!(
-                "hakoniwa: migration in: postcopy stopped: {e}; {missing} pages exist only on the source, so the guest is paused\r\n"
-            );
-            status.finish(
-                Phase::Failed,
-                Some(format!("{e}; {missing} pages missing; the guest is paused")),
-            );
+            other => {
+                return Err(MigrationError::Unexpected {
+                    got: other.name(),
+                    when: "during postcopy",
+                })
+            }
         }
+        if refreshed.elapsed() >= RUN_FRACTION_REFRESH {
+            refreshed = Instant::now();
+            let fraction = shared.run_fraction();
+            let missing = shared.missing() as u64;
+            status.update(|s| {
+                s.run_fraction = fraction;
+                s.remaining_pages = missing;
+            });
+        }
+    }
+}
+
+/// Waits for the source to resume a postcopy: a resume hello for this
+/// machine gets a welcome and the bitmap of the pages here; anything else
+/// is refused and the wait goes on. Returns the new reading half; the
+/// writing half goes to `shared`, which asks again for every page still
+/// awaited.
+fn accept_resume(
+    listener: &TcpListener,
+    machine: &MachineState,
+    shared: &PostcopyShared,
+) -> Result<TcpStream, MigrationError> {
+    loop {
+        let (stream, peer) = listener
+            .accept()
+            .map_err(|e| MigrationError::Invalid(format!("accept: {}", api::io_reason(&e))))?;
+        stream.set_nodelay(true).ok();
+        stream.set_read_timeout(Some(PRECOPY_READ_TIMEOUT)).ok();
+        let mut reader = clone_stream(&stream)?;
+        let mut writer = stream;
+        let hello = match read_hello(&mut reader) {
+            Ok(hello) => hello,
+            Err(e) => {
+                eprint!(
+                    "hakoniwa: migration in: a connection from {peer} is not a resume: {e}\r\n"
+                );
+                continue;
+            }
+        };
+        let check = if hello.resume {
+            check_machine(&hello, machine)
+        } else {
+            Err(
+                "this VM is in a paused postcopy: only `migrate --resume` from its source is taken"
+                    .into(),
+            )
+        };
+        if let Err(why) = check {
+            let _ = write_message(&mut writer, &Message::Refused(why.clone()));
+            eprint!("hakoniwa: migration in: refused a connection from {peer}: {why}\r\n");
+            continue;
+        }
+        write_message(&mut writer, &Message::Welcome(b"{}".to_vec()))?;
+        write_message(&mut writer, &Message::Received(shared.received.to_bytes()))?;
+        reader.set_read_timeout(None).ok();
+        shared.reconnected(writer)?;
+        return Ok(reader);
     }
 }

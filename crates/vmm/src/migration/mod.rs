@@ -76,6 +76,8 @@ pub enum MigrationError {
     Connect { to: String, reason: String },
     #[error("the destination refused the VM: {0}")]
     Refused(String),
+    #[error("refused the incoming VM: {0}")]
+    RefusedIncoming(String),
     #[error("{0}")]
     Snapshot(#[from] SnapshotError),
     #[error("{0} failed: {1}")]
@@ -89,6 +91,14 @@ pub enum MigrationError {
     },
     #[error("{0}")]
     Invalid(String),
+}
+
+impl MigrationError {
+    /// The connection broke (as opposed to a refusal, a corrupt stream or
+    /// a local failure): a postcopy can be resumed over a new one.
+    pub fn is_disconnect(&self) -> bool {
+        matches!(self, MigrationError::Stream(e) if e.is_disconnect())
+    }
 }
 
 /// Wall-clock time now, ns since the Unix epoch: both sides of a

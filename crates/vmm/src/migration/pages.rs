@@ -308,7 +308,8 @@ mod tests {
         assert_eq!(map.next_clear(0), Some(129));
         map.clear_all();
         assert_eq!(map.count(), 0);
-        map.or_words(60, &[0b101, 1 << 63]);
+        // Bits past the end (60 + 64 + 63) are ignored.
+        map.or_words(60, &[0b101, (1 << 3) | (1 << 63)]);
         assert_eq!(
             (0..130).filter(|&i| map.get(i)).collect::<Vec<_>>(),
             vec![60, 62, 127]

@@ -254,8 +254,11 @@ impl PostcopyShared {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         if self.received.get(index) {
             drop(pending);
-            let page = self.layout.host_of_index(index) as *mut libc::c_void;
-            let _ = self.uffd.wake(page, PAGE_SIZE);
+            // Here already — or known to be zero but never backed (a
+            // precopy round sent it as zero): map the zero page, which
+            // fails harmlessly on a page that is present, and wake.
+            self.copy_in(index, 1, None)
+                .map_err(|e| MigrationError::Uffd(format!("zero page: {e}")))?;
             self.status.update(|s| s.faults.minor += 1);
             return Ok(());
         }

@@ -22,9 +22,10 @@ use serde::{Deserialize, Serialize};
 use super::dirty::RamDirtyLog;
 use super::pages::{is_zero_page, PageBitmap, RamLayout};
 use super::protocol::{
-    read_message, write_message, Message, PageKind, MAX_RUN_PAGES, PAGE_SIZE, PROTOCOL_VERSION,
+    read_message, write_message, Message, PageKind, StreamError, MAX_RUN_PAGES, PAGE_SIZE,
+    PROTOCOL_VERSION,
 };
-use super::status::{MigrationStatus, Phase, SharedStatus};
+use super::status::{MigrationStatus, Phase, Round, SharedStatus};
 use super::{unix_now_ns, Hello, MigrationError, MigrationMode};
 use crate::event::{EventSender, VmmEvent};
 use crate::memory::GuestMemoryMmap;
@@ -58,6 +59,11 @@ pub struct MigrationRequest {
     pub max_rounds: u32,
     /// Push pages nobody asked for during postcopy.
     pub background: bool,
+    /// Cap on the precopy rounds' and the background push's bandwidth,
+    /// MiB/s (demanded pages and their neighbours are never held back).
+    pub max_bandwidth_mib: Option<u32>,
+    /// Resume a postcopy whose connection dropped, over a new one to `to`.
+    pub resume: bool,
 }
 
 /// Pauses and resumes the VM's vCPUs for the migration (the API's pause).
@@ -75,6 +81,9 @@ pub struct MigrationSource {
     pauser: Arc<dyn VmPauser>,
     events: EventSender,
     current: Mutex<Option<Arc<SharedStatus>>>,
+    /// Set while a postcopy waits for `migrate --resume`: where to send
+    /// the new destination address.
+    resume: Arc<Mutex<Option<mpsc::Sender<String>>>>,
 }
 
 impl MigrationSource {
@@ -91,12 +100,24 @@ impl MigrationSource {
             pauser,
             events,
             current: Mutex::new(None),
+            resume: Arc::new(Mutex::new(None)),
         }
     }
 
     /// Starts a migration on its own thread; refuses while one runs or
     /// when the VM has state a migration cannot carry.
     pub fn start(&self, request: MigrationRequest) -> Result<(), MigrationError> {
+        if request.resume {
+            let waiting = self.resume.lock().unwrap_or_else(|e| e.into_inner()).take();
+            return match waiting {
+                Some(tx) => tx
+                    .send(request.to)
+                    .map_err(|_| MigrationError::Invalid("the paused migration has ended".into())),
+                None => Err(MigrationError::Invalid(
+                    "no migration is paused: nothing to resume".into(),
+                )),
+            };
+        }
         self.snapshot.check_supported()?;
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(status) = current.as_ref() {
@@ -125,6 +146,7 @@ impl MigrationSource {
             events: self.events.clone(),
             status,
             request,
+            resume: self.resume.clone(),
         };
         std::thread::Builder::new()
             .name("migrate-out".into())
@@ -171,6 +193,7 @@ struct SourceJob {
     events: EventSender,
     status: Arc<SharedStatus>,
     request: MigrationRequest,
+    resume: Arc<Mutex<Option<mpsc::Sender<String>>>>,
 }
 
 /// Where the job is, for cleaning up after a failure.
@@ -207,6 +230,10 @@ impl SourceJob {
                 match stage {
                     Stage::BeforeSwitchover { paused } => {
                         if paused {
+                            // Devices first: taking the state paused them.
+                            if let Err(e) = self.snapshot.resume_devices() {
+                                eprint!("hakoniwa: cannot resume the virtio devices: {e}\r\n");
+                            }
                             self.pauser.resume();
                         }
                         eprint!("hakoniwa: migration to {} failed: {message}; the VM keeps running here\r\n", self.request.to);
@@ -225,7 +252,8 @@ impl SourceJob {
         let mut reader = stream
             .try_clone()
             .map_err(|e| MigrationError::Invalid(e.to_string()))?;
-        let mut out = Out::new(&stream, self.status.clone());
+        let mut out =
+            Out::new(&stream, self.status.clone()).with_limit(self.request.max_bandwidth_mib);
         reader.set_read_timeout(Some(ANSWER_TIMEOUT)).ok();
 
         // Hello: the destination checks the machine before anything runs.
@@ -309,9 +337,127 @@ impl SourceJob {
             s.phase = Phase::Postcopy;
             s.remaining_pages = (pages - sent.count()) as u64;
         });
-        self.serve_postcopy(reader, out, &sent, stopped, stopped_at_unix_ns)?;
-        let _ = stream.shutdown(Shutdown::Both);
-        Ok(())
+        let mut connection = (
+            stream
+                .try_clone()
+                .map_err(|e| MigrationError::Invalid(e.to_string()))?,
+            reader,
+            out,
+        );
+        let mut running = false;
+        loop {
+            let (stream, reader, out) = connection;
+            match self.serve_postcopy(
+                reader,
+                out,
+                &sent,
+                stopped,
+                stopped_at_unix_ns,
+                &mut running,
+            ) {
+                Ok(()) => {
+                    let _ = stream.shutdown(Shutdown::Both);
+                    return Ok(());
+                }
+                // The link broke, not the stream: both sides wait for a
+                // new connection (QEMU's postcopy recovery).
+                Err(e) if e.is_disconnect() => {
+                    let _ = stream.shutdown(Shutdown::Both);
+                    connection = self.wait_and_resume(&e, &sent)?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A postcopy lost its connection: says so, waits for `migrate
+    /// --resume`, reconnects and learns which pages the destination has.
+    fn wait_and_resume(
+        &self,
+        why: &MigrationError,
+        sent: &PageBitmap,
+    ) -> Result<(TcpStream, TcpStream, Out), MigrationError> {
+        self.status.update(|s| s.phase = Phase::Paused);
+        eprint!(
+            "hakoniwa: migration to {} paused: {why}; the guest stays stopped here and on the destination until `hakoniwa ctl migrate --resume --to tcp:HOST:PORT`\r\n",
+            self.request.to
+        );
+        loop {
+            let (tx, rx) = mpsc::channel();
+            *self.resume.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+            // Blocks until the operator resumes: this side holds the only
+            // copy of the pages the destination lacks.
+            let to = rx
+                .recv()
+                .map_err(|_| MigrationError::Invalid("resume channel closed".into()))?;
+            match self.reconnect(&to, sent) {
+                Ok(connection) => {
+                    self.status.update(|s| {
+                        s.phase = Phase::Postcopy;
+                        s.resumes += 1;
+                        s.peer = to.clone();
+                        s.remaining_pages = (sent.len() - sent.count()) as u64;
+                    });
+                    eprint!("hakoniwa: migration resumed to {to}\r\n");
+                    return Ok(connection);
+                }
+                Err(e) => eprint!(
+                    "hakoniwa: resuming the migration to {to} failed: {e}; still paused\r\n"
+                ),
+            }
+        }
+    }
+
+    /// Connects to the destination again for a resumed postcopy; `sent`
+    /// becomes what it says it has.
+    fn reconnect(
+        &self,
+        to: &str,
+        sent: &PageBitmap,
+    ) -> Result<(TcpStream, TcpStream, Out), MigrationError> {
+        let stream = connect(to)?;
+        let mut reader = stream
+            .try_clone()
+            .map_err(|e| MigrationError::Invalid(e.to_string()))?;
+        reader.set_read_timeout(Some(ANSWER_TIMEOUT)).ok();
+        let mut out =
+            Out::new(&stream, self.status.clone()).with_limit(self.request.max_bandwidth_mib);
+        let hello = Hello {
+            protocol: PROTOCOL_VERSION,
+            hakoniwa: HAKONIWA_VERSION.into(),
+            mode: self.request.mode,
+            machine: self.snapshot.machine().clone(),
+            resume: true,
+        };
+        out.send(&Message::Hello(to_json(&hello)?))?;
+        out.flush()?;
+        match read_message(&mut reader)?.0 {
+            Message::Welcome(_) => {}
+            Message::Refused(why) => return Err(MigrationError::Refused(why)),
+            other => {
+                return Err(MigrationError::Unexpected {
+                    got: other.name(),
+                    when: "instead of the destination's welcome",
+                })
+            }
+        }
+        let Message::Received(bitmap) = read_message(&mut reader)?.0 else {
+            return Err(MigrationError::Invalid(
+                "the destination did not say which pages it has".into(),
+            ));
+        };
+        let have = PageBitmap::from_bytes(sent.len(), &bitmap).ok_or_else(|| {
+            MigrationError::Stream(StreamError::Corrupt("the received-pages bitmap".into()))
+        })?;
+        // Pages on their way when the link broke may be lost: what the
+        // destination does not have is sent again.
+        sent.clear_all();
+        let mut next = 0;
+        while let Some(i) = have.next_set(next) {
+            sent.set(i);
+            next = i + 1;
+        }
+        Ok((stream, reader, out))
     }
 
     /// Precopy rounds until the rest fits the downtime limit; returns
@@ -348,12 +494,16 @@ impl SourceJob {
                 s.rounds = round;
                 s.remaining_pages = remaining as u64;
                 s.dirty_pages_per_s = dirty_rate;
+                s.round_log.push(Round {
+                    round,
+                    pages: pages_sent as u64,
+                    seconds: took,
+                    mib_per_s: bandwidth / (1 << 20) as f64,
+                    dirty_pages: found as u64,
+                    dirty_pages_per_s: dirty_rate,
+                    predicted_downtime_ms: predicted * 1000.0,
+                });
             });
-            tracing::info!(
-                "migration round {round}: sent {pages_sent} pages in {took:.2} s ({:.1} MiB/s), {found} dirty ({dirty_rate:.0}/s), predicted downtime {:.0} ms",
-                bandwidth / (1 << 20) as f64,
-                predicted * 1000.0
-            );
             if predicted <= max_downtime {
                 return Ok(false);
             }
@@ -440,19 +590,23 @@ impl SourceJob {
             }
             let first = self.layout.page_of_index(i);
             let count = j - i;
-            if zero {
-                out.send(&Message::Zero {
+            let message = if zero {
+                self.status.update(|s| s.pages.zero += count as u64);
+                Message::Zero {
                     kind,
                     first,
                     count: count as u32,
-                })?;
-                self.status.update(|s| s.pages.zero += count as u64);
+                }
             } else {
                 let mut data = Vec::with_capacity(count * PAGE_SIZE);
                 for k in i..j {
                     data.extend_from_slice(self.layout.page_bytes(k));
                 }
-                out.send(&Message::Pages { kind, first, data })?;
+                Message::Pages { kind, first, data }
+            };
+            match kind {
+                PageKind::Precopy | PageKind::Background => out.send_paced(&message)?,
+                PageKind::Demand | PageKind::Prefetch => out.send(&message)?,
             }
             self.status.update(|s| s.pages.add(kind, count as u64));
             i = j;
@@ -502,9 +656,10 @@ impl SourceJob {
         sent: &PageBitmap,
         stopped: Instant,
         stopped_at_unix_ns: u64,
+        running: &mut bool,
     ) -> Result<(), MigrationError> {
         let pages = self.layout.pages();
-        let (tx, rx) = mpsc::channel::<Result<Message, String>>();
+        let (tx, rx) = mpsc::channel::<Result<Message, StreamError>>();
         // The destination's requests and reports, read on their own thread
         // so a request never waits behind a page we are writing.
         let reader_thread = std::thread::Builder::new()
@@ -521,7 +676,7 @@ impl SourceJob {
                             }
                         }
                         Err(e) => {
-                            let _ = tx.send(Err(e.to_string()));
+                            let _ = tx.send(Err(e));
                             return;
                         }
                     }
@@ -531,55 +686,65 @@ impl SourceJob {
         let prefetch = self.request.prefetch as usize;
         let mut cursor = 0usize;
         let mut done_sent = false;
-        let handle =
-            |message: Message, out: &mut Out, cursor: &mut usize| -> Result<bool, MigrationError> {
-                match message {
-                    Message::Request { first, count } => {
-                        self.status.update(|s| s.requests += 1);
-                        let Some(index) = self.layout.index_of_page(first) else {
-                            return Err(MigrationError::Invalid(format!(
-                                "the destination asked for page {first:#x}, which is not RAM"
-                            )));
-                        };
-                        let count =
-                            (count.max(1) as usize).min(self.layout.pages_left_in_region(index));
-                        for i in index..index + count {
-                            if !sent.set(i) {
-                                self.send_run(out, PageKind::Demand, i, 1)?;
+        // The background push waits until the destination runs: until
+        // then its only faults come from restoring the state (KVM writing
+        // kvm-clock pages, devices reading rings), and those must not
+        // queue behind pushed pages — that would be downtime.
+        // Bound what can queue in front of a demanded page: the socket's
+        // send buffer, and our buffer, which background pages never wait in.
+        set_send_buffer(&out, POSTCOPY_SEND_BUFFER);
+        let handle = |message: Message,
+                      out: &mut Out,
+                      cursor: &mut usize|
+         -> Result<Heard, MigrationError> {
+            match message {
+                Message::Request { first, count } => {
+                    self.status.update(|s| s.requests += 1);
+                    let Some(index) = self.layout.index_of_page(first) else {
+                        return Err(MigrationError::Invalid(format!(
+                            "the destination asked for page {first:#x}, which is not RAM"
+                        )));
+                    };
+                    let count =
+                        (count.max(1) as usize).min(self.layout.pages_left_in_region(index));
+                    for i in index..index + count {
+                        if !sent.set(i) {
+                            self.send_run(out, PageKind::Demand, i, 1)?;
+                        }
+                    }
+                    // Neighbours, nearest first, each side.
+                    for d in 1..=prefetch {
+                        for i in [index.checked_sub(d), Some(index + count - 1 + d)]
+                            .into_iter()
+                            .flatten()
+                        {
+                            if i < pages && !sent.set(i) {
+                                self.send_run(out, PageKind::Prefetch, i, 1)?;
                             }
                         }
-                        // Neighbours, nearest first, each side.
-                        for d in 1..=prefetch {
-                            for i in [index.checked_sub(d), Some(index + count - 1 + d)]
-                                .into_iter()
-                                .flatten()
-                            {
-                                if i < pages && !sent.set(i) {
-                                    self.send_run(out, PageKind::Prefetch, i, 1)?;
-                                }
-                            }
-                        }
-                        out.flush()?;
-                        // QEMU's trick: the background push goes on from here,
-                        // where the guest is working.
-                        *cursor = index;
-                        Ok(false)
                     }
-                    Message::Running { at_unix_ns } => {
-                        self.record_downtime(stopped, stopped_at_unix_ns, at_unix_ns);
-                        Ok(false)
-                    }
-                    Message::Complete => Ok(true),
-                    other => Err(MigrationError::Unexpected {
-                        got: other.name(),
-                        when: "during postcopy",
-                    }),
+                    out.flush()?;
+                    // QEMU's trick: the background push goes on from here,
+                    // where the guest is working.
+                    *cursor = index;
+                    Ok(Heard::Request)
                 }
-            };
+                Message::Running { at_unix_ns } => {
+                    self.record_downtime(stopped, stopped_at_unix_ns, at_unix_ns);
+                    Ok(Heard::Running)
+                }
+                Message::Complete => Ok(Heard::Complete),
+                other => Err(MigrationError::Unexpected {
+                    got: other.name(),
+                    when: "during postcopy",
+                }),
+            }
+        };
         let result = loop {
             // Requests first.
             let mut complete = false;
-            let next = if done_sent || !self.request.background {
+            let pushing = *running && !done_sent && self.request.background;
+            let next = if !pushing {
                 match rx.recv_timeout(Duration::from_millis(200)) {
                     Ok(m) => Some(m),
                     Err(mpsc::RecvTimeoutError::Timeout) => None,
@@ -593,10 +758,12 @@ impl SourceJob {
             if let Some(m) = next {
                 match m {
                     Ok(message) => match handle(message, &mut out, &mut cursor) {
-                        Ok(c) => complete = c,
+                        Ok(Heard::Complete) => complete = true,
+                        Ok(Heard::Running) => *running = true,
+                        Ok(Heard::Request) => {}
                         Err(e) => break Err(e),
                     },
-                    Err(e) => break Err(MigrationError::Invalid(e)),
+                    Err(e) => break Err(MigrationError::Stream(e)),
                 }
             }
             if complete {
@@ -604,7 +771,7 @@ impl SourceJob {
             }
             // Then a slice of the background push.
             if !done_sent {
-                if self.request.background {
+                if pushing {
                     let from = sent.next_clear(cursor).or_else(|| sent.next_clear(0));
                     if let Some(start) = from {
                         let limit = self.layout.pages_left_in_region(start).min(BACKGROUND_RUN);
@@ -612,7 +779,10 @@ impl SourceJob {
                         while len < limit && !sent.set(start + len) {
                             len += 1;
                         }
-                        if let Err(e) = self.send_run(&mut out, PageKind::Background, start, len) {
+                        if let Err(e) = self
+                            .send_run(&mut out, PageKind::Background, start, len)
+                            .and_then(|()| out.flush())
+                        {
                             break Err(e);
                         }
                         cursor = start + len;
@@ -634,6 +804,37 @@ impl SourceJob {
             let _ = reader_thread.join();
         }
         result
+    }
+}
+
+/// What the destination said during postcopy.
+enum Heard {
+    Request,
+    Running,
+    Complete,
+}
+
+/// The socket send buffer during postcopy: a demanded page waits behind
+/// at most this much background data (plus the receiver's buffer).
+const POSTCOPY_SEND_BUFFER: usize = 256 << 10;
+
+/// Sets SO_SNDBUF of the connection `out` writes to (best effort).
+fn set_send_buffer(out: &Out, bytes: usize) {
+    use std::os::fd::AsRawFd;
+    let value = bytes as libc::c_int;
+    // SAFETY: setsockopt on our own connected socket with a pointer to a
+    // c_int and its size, as SO_SNDBUF expects.
+    let r = unsafe {
+        libc::setsockopt(
+            out.writer.get_ref().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        tracing::warn!("SO_SNDBUF: {}", std::io::Error::last_os_error());
     }
 }
 
@@ -662,7 +863,15 @@ struct Out {
     writer: BufWriter<TcpStream>,
     bytes: u64,
     status: Arc<SharedStatus>,
+    /// `--max-bandwidth`, bytes/s, and what was sent under it since when.
+    limit: Option<f64>,
+    paced_since: Instant,
+    paced_bytes: u64,
 }
+
+/// The longest single wait for the bandwidth cap: the postcopy loop looks
+/// at requests between waits.
+const PACE_STEP: Duration = Duration::from_millis(20);
 
 impl Out {
     fn new(stream: &TcpStream, status: Arc<SharedStatus>) -> Out {
@@ -675,13 +884,39 @@ impl Out {
             ),
             bytes: 0,
             status,
+            limit: None,
+            paced_since: Instant::now(),
+            paced_bytes: 0,
         }
+    }
+
+    fn with_limit(mut self, mib_per_s: Option<u32>) -> Out {
+        self.limit = mib_per_s.map(|m| f64::from(m.max(1)) * (1 << 20) as f64);
+        self
     }
 
     fn send(&mut self, message: &Message) -> Result<(), MigrationError> {
         let n = write_message(&mut self.writer, message)? as u64;
         self.bytes += n;
         self.status.update(|s| s.bytes += n);
+        Ok(())
+    }
+
+    /// Sends under the bandwidth cap: waits (in short steps) while ahead
+    /// of it.
+    fn send_paced(&mut self, message: &Message) -> Result<(), MigrationError> {
+        let before = self.bytes;
+        self.send(message)?;
+        let Some(limit) = self.limit else {
+            return Ok(());
+        };
+        self.paced_bytes += self.bytes - before;
+        let due = Duration::from_secs_f64(self.paced_bytes as f64 / limit);
+        let elapsed = self.paced_since.elapsed();
+        if due > elapsed {
+            self.flush()?;
+            std::thread::sleep((due - elapsed).min(PACE_STEP));
+        }
         Ok(())
     }
 

@@ -118,6 +118,21 @@ impl LatencyHistogram {
     }
 }
 
+/// One precopy round.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Round {
+    pub round: u32,
+    /// Pages sent in the round and how long that took.
+    pub pages: u64,
+    pub seconds: f64,
+    pub mib_per_s: f64,
+    /// Pages the guest dirtied since the previous harvest, and per second.
+    pub dirty_pages: u64,
+    pub dirty_pages_per_s: f64,
+    /// What stopping now would cost at this round's bandwidth.
+    pub predicted_downtime_ms: f64,
+}
+
 /// One point of the guest's run-time fraction over time.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct RunFraction {
@@ -165,6 +180,8 @@ pub struct MigrationStatus {
     pub dirty_pages_per_s: f64,
     /// Why hybrid switched to postcopy, when it did.
     pub switch_reason: Option<String>,
+    /// Each precopy round.
+    pub round_log: Vec<Round>,
     /// Postcopy page requests sent (destination) or served (source).
     pub requests: u64,
     pub faults: FaultCounts,
@@ -196,6 +213,7 @@ impl MigrationStatus {
             mib_per_s: 0.0,
             dirty_pages_per_s: 0.0,
             switch_reason: None,
+            round_log: Vec::new(),
             requests: 0,
             faults: FaultCounts::default(),
             fault_latency: LatencyHistogram::new(),

@@ -1,0 +1,411 @@
+//! Live migration between two hakoniwa processes on one host
+//! (docs/migration.md): the guest's memory is the same after each mode
+//! (a checksum computed inside the guest before and after), the guest
+//! keeps running through it (a counter), a migrated-in VM can migrate
+//! again, and the failure cases end with one clear line and lose nothing
+//! that was not already gone.
+//!
+//! `#[ignore]`d like the other guest tests; `scripts/test` runs them in
+//! the rig.
+
+mod common;
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::{ctl, hakoniwa, require_hardware_kvm, temp_socket, Vmm, GUEST_TIMEOUT, PROMPT};
+
+/// The machine on both sides.
+const FLAGS: &[&str] = &["--cpus", "2", "--memory", "512M"];
+
+/// A port free right now on the loopback.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A destination waiting on `port` with `flags`; returns it once it listens.
+fn destination(port: u16, socket: &str, flags: &[&str]) -> Vmm {
+    let address = format!("tcp:127.0.0.1:{port}");
+    let mut args = vec!["run", "--incoming", &address, "--api-socket", socket];
+    args.extend_from_slice(flags);
+    let vmm = Vmm::spawn(&args);
+    let deadline = Instant::now() + GUEST_TIMEOUT;
+    while !vmm.stderr().contains("waiting for a migration") {
+        assert!(
+            Instant::now() < deadline,
+            "the destination does not listen: {}",
+            vmm.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    vmm
+}
+
+/// How long one `ctl migrate` may take in the rig.
+const MIGRATE_TIMEOUT_S: &str = "300";
+
+/// `ctl migrate` to `port`: (success, stdout + stderr). A migration that
+/// hangs fails the test instead of hanging it.
+fn migrate(socket: &str, port: u16, mode: &str, extra: &[&str]) -> (bool, String) {
+    let to = format!("tcp:127.0.0.1:{port}");
+    let out = std::process::Command::new("timeout")
+        .args([MIGRATE_TIMEOUT_S, hakoniwa(), "ctl", "--api-socket", socket])
+        .args(["migrate", "--to", &to, "--mode", mode])
+        .args(extra)
+        .output()
+        .expect("cannot run hakoniwa ctl");
+    let mut text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(124) {
+        text += &format!("\n(ctl migrate did not finish within {MIGRATE_TIMEOUT_S} s)");
+    }
+    (out.status.success(), text)
+}
+
+/// The migration report of the VMM at `socket`.
+fn report(socket: &str) -> serde_json::Value {
+    let (ok, out) = ctl(socket, &["migration"]);
+    assert!(ok, "ctl migration: {out}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// Starts the guest's workload: 96 MiB of random data in a tmpfs with its
+/// checksum, and a counter in the background. Returns the checksum.
+fn start_workload(vmm: &mut Vmm) -> String {
+    let out = vmm.shell(
+        "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=96 2>/dev/null; md5sum /dev/shm/blob | cut -d' ' -f1; \
+         (i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) & true",
+    );
+    let sum = out.trim().to_string();
+    assert_eq!(sum.len(), 32, "{out}");
+    sum
+}
+
+fn counter(vmm: &mut Vmm) -> u64 {
+    let out = vmm.shell("cat /tmp/count");
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no counter: {out}"))
+}
+
+/// After a migration: the source ended with status 0, the destination's
+/// guest has the same blob and its counter keeps counting.
+fn check_arrived(source: &mut Vmm, destination: &mut Vmm, sum: &str, count_before: u64) {
+    let status = source.wait_exit(Duration::from_secs(120));
+    assert_eq!(status.code(), Some(0), "source: {}", source.stderr());
+    assert!(
+        source.stderr().contains("migrated to 127.0.0.1:"),
+        "{}",
+        source.stderr()
+    );
+    let first = counter(destination);
+    assert!(first >= count_before, "{first} < {count_before}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let second = counter(destination);
+    assert!(second > first, "the counter stopped at {first}");
+    let out = destination.shell("md5sum /dev/shm/blob | cut -d' ' -f1");
+    assert_eq!(out.trim(), sum, "guest memory changed across the migration");
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn precopy_then_postcopy_then_hybrid_keep_the_guest_and_its_memory() {
+    require_hardware_kvm();
+    let (s1, s2, s3, s4) = (
+        temp_socket("mig-a"),
+        temp_socket("mig-b"),
+        temp_socket("mig-c"),
+        temp_socket("mig-d"),
+    );
+    let mut args = vec!["run", "--api-socket", &s1];
+    args.extend_from_slice(FLAGS);
+    let mut a = Vmm::spawn(&args);
+    a.wait_for(PROMPT);
+    let sum = start_workload(&mut a);
+    let before = counter(&mut a);
+
+    // Precopy: the whole of RAM while the guest runs, then the rest.
+    let port = free_port();
+    let mut b = destination(port, &s2, FLAGS);
+    let (ok, out) = migrate(&s1, port, "precopy", &[]);
+    assert!(ok, "precopy: {out}\n{}", a.stderr());
+    assert!(out.contains("migration completed"), "{out}");
+    check_arrived(&mut a, &mut b, &sum, before);
+    let r = report(&s2);
+    assert_eq!(r["phase"], "completed", "{r}");
+    assert_eq!(r["role"], "destination", "{r}");
+    assert!(r["pages"]["precopy"].as_u64().unwrap() >= 131072, "{r}");
+    let downtime = r["downtime_ms"].as_f64().unwrap();
+    assert!(downtime > 0.0 && downtime < 10_000.0, "{r}");
+
+    // Postcopy out of a VM that came in by migration, without the
+    // background push: pages come only when the guest touches them.
+    let before = counter(&mut b);
+    let port = free_port();
+    let mut c = destination(port, &s3, FLAGS);
+    let (ok, out) = migrate(&s2, port, "postcopy", &["--prefetch", "4"]);
+    assert!(ok, "postcopy: {out}\n{}", b.stderr());
+    check_arrived(&mut b, &mut c, &sum, before);
+    let r = report(&s3);
+    assert_eq!(r["phase"], "completed", "{r}");
+    assert_eq!(r["mode"], "postcopy", "{r}");
+    let faults = &r["faults"];
+    assert!(faults["major"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(
+        r["fault_latency"]["counts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .sum::<u64>(),
+        faults["major"].as_u64().unwrap(),
+        "every major fault has a latency: {r}"
+    );
+    assert!(r["pages"]["demand"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["pages"]["background"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["pages"]["precopy"].as_u64().unwrap(), 0, "{r}");
+
+    // Hybrid with a guest that dirties memory faster than the rig's
+    // loopback carries it and a downtime limit precopy cannot meet: it
+    // switches to postcopy and says why.
+    // Copying the 96 MiB of random data again and again dirties pages that
+    // are not zero (zero pages cost the stream nothing) as fast as the
+    // guest can copy.
+    c.shell("(while :; do cp /dev/shm/blob /dev/shm/churn; done) & true");
+    let before = counter(&mut c);
+    let port = free_port();
+    let mut d = destination(port, &s4, FLAGS);
+    // The bandwidth cap keeps the link slower than the guest's copying,
+    // however fast the rig's loopback is today.
+    let (ok, out) = migrate(
+        &s3,
+        port,
+        "hybrid",
+        &[
+            "--max-downtime",
+            "1",
+            "--max-rounds",
+            "4",
+            "--max-bandwidth",
+            "16",
+        ],
+    );
+    assert!(ok, "hybrid: {out}\n{}", c.stderr());
+    assert!(out.contains("switched to postcopy"), "{out}");
+    check_arrived(&mut c, &mut d, &sum, before);
+    let r = report(&s4);
+    assert_eq!(r["phase"], "completed", "{r}");
+    assert!(r["pages"]["precopy"].as_u64().unwrap() >= 131072, "{r}");
+    d.send("poweroff\n");
+    assert_eq!(d.wait_exit(Duration::from_secs(60)).code(), Some(0));
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn a_mismatched_or_corrupt_migration_is_refused_and_the_source_keeps_running() {
+    require_hardware_kvm();
+    let (s1, s2, s3) = (
+        temp_socket("bad-src"),
+        temp_socket("bad-dst"),
+        temp_socket("bad-dst2"),
+    );
+    let mut args = vec!["run", "--api-socket", &s1];
+    args.extend_from_slice(FLAGS);
+    let mut a = Vmm::spawn(&args);
+    a.wait_for(PROMPT);
+    let before = counter_started(&mut a);
+
+    // A destination with other memory refuses before anything runs.
+    let port = free_port();
+    let mut b = destination(port, &s2, &["--cpus", "2", "--memory", "256M"]);
+    let (ok, out) = migrate(&s1, port, "precopy", &[]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("refused") && out.contains("memory"), "{out}");
+    let status = b.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(125), "{}", b.stderr());
+    let lines: Vec<_> = b
+        .stderr()
+        .lines()
+        .filter(|l| !l.contains("waiting"))
+        .map(String::from)
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("memory"), "{lines:?}");
+    // The source still runs, and says why it failed.
+    assert!(counter(&mut a) > before);
+    let r = report(&s1);
+    assert_eq!(r["phase"], "failed", "{r}");
+    assert!(r["error"].as_str().unwrap().contains("refused"), "{r}");
+
+    // Garbage on the wire: the destination ends with one line, no panic.
+    let port = free_port();
+    let mut c = destination(port, &s3, FLAGS);
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let status = c.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(125), "{}", c.stderr());
+    let err = c.stderr();
+    assert!(err.contains("corrupt migration stream"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    // A destination address nobody listens on: the source keeps running.
+    let (ok, out) = migrate(&s1, free_port(), "postcopy", &[]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("cannot connect"), "{out}");
+    let now = counter(&mut a);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(counter(&mut a) > now);
+    a.send("poweroff\n");
+    assert_eq!(a.wait_exit(Duration::from_secs(60)).code(), Some(0));
+}
+
+fn counter_started(vmm: &mut Vmm) -> u64 {
+    vmm.shell("(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) & true");
+    std::thread::sleep(Duration::from_millis(500));
+    counter(vmm)
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn a_source_that_dies_in_postcopy_leaves_the_destination_paused_with_a_message() {
+    require_hardware_kvm();
+    let (s1, s2) = (temp_socket("die-src"), temp_socket("die-dst"));
+    let mut args = vec!["run", "--api-socket", &s1];
+    args.extend_from_slice(FLAGS);
+    let mut a = Vmm::spawn(&args);
+    a.wait_for(PROMPT);
+    start_workload(&mut a);
+    let port = free_port();
+    let mut b = destination(port, &s2, FLAGS);
+    // No background push: most of RAM stays on the source.
+    let (ok, out) = migrate(&s1, port, "postcopy", &["--no-background", "--no-wait"]);
+    assert!(ok, "{out}");
+    // The destination's API comes up once its VM runs.
+    let deadline = Instant::now() + GUEST_TIMEOUT;
+    while !std::path::Path::new(&s2).exists() || report(&s2)["phase"] != "postcopy" {
+        assert!(Instant::now() < deadline, "no postcopy: {}", report(&s2));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.signal(libc::SIGKILL);
+    a.wait_exit(Duration::from_secs(30));
+    // The guest needs pages only the dead source had.
+    b.send("md5sum /dev/shm/blob\n");
+    let deadline = Instant::now() + GUEST_TIMEOUT;
+    while !b.stderr().contains("postcopy connection lost") {
+        assert!(Instant::now() < deadline, "no message: {}", b.stderr());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(b.stderr().contains("the guest is paused"), "{}", b.stderr());
+    let (ok, info) = ctl(&s2, &["info"]);
+    assert!(ok, "{info}");
+    assert!(info.contains("\"paused\""), "{info}");
+    let r = report(&s2);
+    assert_eq!(r["phase"], "paused", "{r}");
+    // It stays up and answers; ending it is the user's call.
+    let (ok, out) = ctl(&s2, &["shutdown"]);
+    assert!(ok, "{out}");
+    b.wait_exit(Duration::from_secs(60));
+}
+
+/// A TCP relay between the source and the destination that the test can
+/// cut, as a broken network would.
+struct Relay {
+    port: u16,
+    streams: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>,
+}
+
+impl Relay {
+    fn start(to: u16) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let streams = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = streams.clone();
+        std::thread::spawn(move || {
+            let (inbound, _) = listener.accept().unwrap();
+            let outbound = TcpStream::connect(("127.0.0.1", to)).unwrap();
+            for (from, into) in [(&inbound, &outbound), (&outbound, &inbound)] {
+                let (mut from, mut into) = (from.try_clone().unwrap(), into.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut into);
+                    let _ = into.shutdown(std::net::Shutdown::Write);
+                });
+            }
+            kept.lock().unwrap().extend([inbound, outbound]);
+        });
+        Relay { port, streams }
+    }
+
+    /// Breaks both connections.
+    fn cut(&self) {
+        for stream in self.streams.lock().unwrap().iter() {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn a_postcopy_whose_connection_drops_is_resumed_over_a_new_one() {
+    require_hardware_kvm();
+    let (s1, s2) = (temp_socket("resume-src"), temp_socket("resume-dst"));
+    let mut args = vec!["run", "--api-socket", &s1];
+    args.extend_from_slice(FLAGS);
+    let mut a = Vmm::spawn(&args);
+    a.wait_for(PROMPT);
+    let sum = start_workload(&mut a);
+    let port = free_port();
+    let mut b = destination(port, &s2, FLAGS);
+    let relay = Relay::start(port);
+    // A slow background push, so the cut lands mid-postcopy.
+    let (ok, out) = migrate(
+        &s1,
+        relay.port,
+        "postcopy",
+        &["--max-bandwidth", "4", "--no-wait"],
+    );
+    assert!(ok, "{out}");
+    let deadline = Instant::now() + GUEST_TIMEOUT;
+    while !std::path::Path::new(&s2).exists() || report(&s2)["phase"] != "postcopy" {
+        assert!(Instant::now() < deadline, "no postcopy");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    relay.cut();
+    // Both sides pause and say so.
+    let deadline = Instant::now() + GUEST_TIMEOUT;
+    while report(&s1)["phase"] != "paused" || report(&s2)["phase"] != "paused" {
+        assert!(
+            Instant::now() < deadline,
+            "not paused: source {} destination {}",
+            report(&s1),
+            report(&s2)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(a.stderr().contains("paused"), "{}", a.stderr());
+    assert!(
+        b.stderr().contains("postcopy connection lost"),
+        "{}",
+        b.stderr()
+    );
+    // Resume straight to the destination; it finishes.
+    let to = format!("tcp:127.0.0.1:{port}");
+    let (ok, out) = ctl(&s1, &["migrate", "--resume", "--to", &to]);
+    assert!(ok, "resume: {out}\n{}", a.stderr());
+    assert_eq!(a.wait_exit(Duration::from_secs(180)).code(), Some(0));
+    let r = report(&s2);
+    assert_eq!(r["phase"], "completed", "{r}");
+    assert_eq!(r["resumes"], 1, "{r}");
+    let out = b.shell("md5sum /dev/shm/blob | cut -d' ' -f1");
+    assert_eq!(
+        out.trim(),
+        sum,
+        "guest memory changed across the resumed migration"
+    );
+    b.send("poweroff\n");
+    assert_eq!(b.wait_exit(Duration::from_secs(60)).code(), Some(0));
+}
