@@ -225,6 +225,10 @@ def write_md(path, result):
     main_w = workload_name((result["procs"], result["mib"]))
     L = ["# Shadow-paging benchmark (seed 001)", "",
          "`%s` on %s; %s." % (result["command"], result["date"], result["note"]), ""]
+    if result.get("rig_qemu"):
+        L += ["L1's emulator: %s. QEMU 10, the rig's default, halts every L2 guest on shadow "
+              "paging within its first few thousand exits, so this benchmark runs L1 under "
+              "bookworm's QEMU 7.2 (docs/rig.md)." % result["rig_qemu"], ""]
     if not result.get("complete", True):
         L += ["**Incomplete run**: %s. Not measured: %s." % (
             result.get("incomplete_reason", "the run stopped before these rows"),
@@ -274,8 +278,64 @@ def write_md(path, result):
           "Relative throughput compares L2 (nested KVM under TCG) with L1 (TCG): the "
           "absolute gap includes nesting, so compare the guest rows with each other first.", "",
           "**Why the one-SPT row runs a smaller workload.** " + one_spt_note(result), ""]
+    L += reading(result)
     with open(path, "w") as f:
         f.write("\n".join(L))
+
+
+def reading(result):
+    """How the rows compare with the paper, from this run's numbers."""
+    rows = {r["config"]: r for r in result["runs"] if r["ok"]}
+    one = next((r for r in rows.values() if r["budget_arg"] == 64), None)
+    small = next((r for r in rows.values() if r["budget_arg"] == "default"
+                  and r["mib"] == result["one_spt_mib"]), None)
+    full = [r for r in rows.values() if r["mib"] == result["mib"] and r["budget_arg"] != 64
+            and not r["stats_delta"].get("mmu_recycled")]
+    if not (one and small and full):
+        return []
+    best = max(full, key=lambda r: r["relative"])
+    tight = [r for r in rows.values() if r["mib"] == result["mib"]
+             and r["stats_delta"].get("mmu_recycled", 0) > 1000]
+    auto = rows.get("auto")
+    L = ["## Reading the results against the paper", "",
+         "- **Multiple SPTs.** With a budget that holds every process's shadow tables "
+         "(%s; no shadow page recycled during the workload) the guest runs at %s to %s of "
+         "native, against the paper's 0.90. The gap is nesting, not the budget: L2's every "
+         "exit is handled by L1's KVM, itself emulated by TCG, while native here is L1 "
+         "under the same TCG; KVM's default (2 %% of RAM) and smaller budgets that still "
+         "hold everything come out the same within the run's noise." % (
+             ", ".join(r["config"] for r in full), rel(min(r["relative"] for r in full)),
+             rel(best["relative"])),
+         "- **One SPT.** 64 pages (KVM's minimum) run the small workload at %s of native, "
+         "%s of the same workload with KVM's default budget (%s); the paper's one SPT is "
+         "0.23 of native, 0.26 of its multiple-SPT figure. Here every page touch can evict "
+         "a shadow page (%d recycled during the row), and each rebuild costs exits that "
+         "nesting under TCG makes far dearer than on Virtage's hardware, so the penalty "
+         "is orders of magnitude rather than 4x; the direction is the paper's." % (
+             rel(one["relative"]), rel(one["passes_per_s"] / small["passes_per_s"]),
+             rel(small["relative"]), one["stats_delta"].get("mmu_recycled", 0))]
+    if tight:
+        L.append("- **Too small a budget on the full workload**: %s (%s of native, %d shadow "
+                 "pages recycled): below the working set of shadow tables, nearly as bad as one SPT."
+                 % ("; ".join("%s, %.2f %% of RAM" % (r["config"], r["shadow_memory_percent"])
+                              for r in tight),
+                    ", ".join(rel(r["relative"]) for r in tight),
+                    max(r["stats_delta"].get("mmu_recycled", 0) for r in tight)))
+    if auto:
+        L.append("- **Shadow memory.** `auto` sized the budget from the guest's own page "
+                 "tables at %d pages, %.2f %% of guest RAM (%d recycled; %s of native), "
+                 "against the paper's ~3 %% estimate for 16 processes in 10 GB and KVM's "
+                 "default of 2 %%: this workload's page tables (16 x 16 MiB) are small "
+                 "beside 512 MiB of RAM, and the paper's share comes from its SAP workload's "
+                 "much larger address spaces." % (
+                     auto["kvm_nr_mmu_pages"], auto["shadow_memory_percent"],
+                     auto["stats_delta"].get("mmu_recycled", 0), rel(auto["relative"])))
+    spread = [n["max"] / n["min"] for n in result["natives"].values() if n["min"]]
+    L.append("- The machine (two cores) is shared with other engineers' rigs, each a TCG "
+             "emulator of its own: native runs of one workload spread by up to %.1fx in "
+             "this run, so differences of ~10 %% between the well-budgeted rows are noise."
+             % max(spread or [1.0]))
+    return L + [""]
 
 
 def one_spt_note(result):
@@ -498,6 +558,7 @@ def build_result(args, main_w, natives, runs, configs):
             "max": max(v for n in ns for v in n["reps_passes_per_s"]),
             "runs": sum(len(n["reps_passes_per_s"]) for n in ns)} for w, ns in natives.items()},
         "runs": runs, "paper": PAPER,
+        "rig_qemu": os.environ.get("HK_BENCH_RIG_QEMU"),
     }
 
 

@@ -98,6 +98,53 @@ hk_need_qemu() {
 		hk_die "need QEMU $HK_QEMU_MIN_MAJOR or newer for the rig, have ${version:-none}"
 }
 
+# hk_qemu_shadow  sets REPLY to a QEMU for rigs whose L2 guests run on shadow
+# paging (HK_RIG_NPT=0): bookworm's QEMU 7.2, unpacked (not installed) into
+# build/qemu-7.2 with a wrapper that finds its modules and firmware there.
+# Under QEMU 10.0.2's TCG, L1's KVM with npt=0 never gets an L2 guest past
+# its first moments: the vCPU halts after ~4400 exits (no output, even with
+# earlyprintk) and stays halted; QEMU 7.2 boots the same guest in ~12 s
+# (docs/rig.md). bookworm only; HK_RIG_QEMU=PATH overrides.
+hk_qemu_shadow() {
+	if [[ -n ${HK_RIG_QEMU:-} ]]; then
+		REPLY=$HK_RIG_QEMU
+		return 0
+	fi
+	local dir=$HK_BUILD/qemu-7.2
+	REPLY=$dir/qemu
+	[[ -x $REPLY && -f $dir/root/usr/bin/qemu-system-x86_64 ]] && return 0
+	[[ $(. /etc/os-release && echo "${VERSION_CODENAME:-}") == bookworm ]] ||
+		hk_die "no QEMU for shadow-paging rigs: QEMU 10 hangs L2 guests with npt=0, and QEMU 7.2 is taken from Debian bookworm (set HK_RIG_QEMU=PATH)"
+	hk_apt_update
+	rm -rf "$dir"
+	mkdir -p "$dir/deb"
+	local pkg version
+	for pkg in qemu-system-x86 qemu-system-common qemu-system-data; do
+		version=$(apt-cache madison "$pkg" | awk -F' [|] ' '$2 ~ /^1:7[.]2[+]/ {print $2; exit}')
+		[[ -n $version ]] || hk_die "bookworm's $pkg 7.2 is not in apt's lists"
+		(cd "$dir/deb" && hk_quiet apt-get download "$pkg=$version") ||
+			hk_die "apt-get download $pkg=$version failed"
+	done
+	local deb
+	for deb in "$dir"/deb/*.deb; do
+		dpkg-deb -x "$deb" "$dir/root"
+	done
+	# QEMU 7.2 looks for SeaBIOS in its own data directory (Debian's
+	# qemu-system-data 7.2 links it there; QEMU 10 finds /usr/share/seabios).
+	local f
+	for f in /usr/share/seabios/*; do
+		[[ -e $dir/root/usr/share/qemu/${f##*/} ]] || ln -s "$f" "$dir/root/usr/share/qemu/"
+	done
+	cat >"$REPLY" <<'WRAPPER'
+#!/bin/sh
+d=$(dirname "$(readlink -f "$0")")
+QEMU_MODULE_DIR=$d/root/usr/lib/x86_64-linux-gnu/qemu exec "$d/root/usr/bin/qemu-system-x86_64" -L "$d/root/usr/share/qemu" "$@"
+WRAPPER
+	chmod 0755 "$REPLY"
+	"$REPLY" --version | grep -q '^QEMU emulator version 7[.]2' ||
+		hk_die "the unpacked QEMU 7.2 in $dir does not run (missing shared libraries?)"
+}
+
 # hk_build_deps  installs what `cargo build` needs beyond the Rust toolchain:
 # libclang for the bindgen run of userfaultfd-sys (the userfaultfd crate's
 # kernel bindings, used by the display's write-protect tracker).
