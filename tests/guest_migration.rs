@@ -14,6 +14,7 @@ use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use common::net::{md5_hex, HostLinks};
 use common::{ctl, hakoniwa, require_hardware_kvm, temp_socket, Vmm, GUEST_TIMEOUT, PROMPT};
 
 /// The machine on both sides.
@@ -410,56 +411,11 @@ fn a_postcopy_whose_connection_drops_is_resumed_over_a_new_one() {
     assert_eq!(b.wait_exit(Duration::from_secs(60)).code(), Some(0));
 }
 
-/// A Linux bridge with the host's address and one TAP per VMM, removed
-/// when dropped. Two hakoniwa processes cannot hold one TAP, so the source
-/// and the destination each get theirs; with ageing off the bridge floods,
-/// so frames reach whichever TAP the guest is behind now.
-struct Bridge {
-    name: String,
-    taps: Vec<String>,
-}
-
-impl Bridge {
-    fn new(name: &str, host_ip: &str, taps: &[&str]) -> Bridge {
-        let ip = |args: &[&str]| {
-            let status = std::process::Command::new("ip")
-                .args(args)
-                .status()
-                .expect("cannot run ip");
-            assert!(status.success(), "ip {args:?} failed");
-        };
-        let bridge = Bridge {
-            name: name.into(),
-            taps: taps.iter().map(|t| t.to_string()).collect(),
-        };
-        ip(&["link", "add", name, "type", "bridge", "ageing_time", "0"]);
-        ip(&["addr", "add", &format!("{host_ip}/24"), "dev", name]);
-        ip(&["link", "set", name, "up"]);
-        for tap in taps {
-            ip(&["tuntap", "add", "dev", tap, "mode", "tap"]);
-            ip(&["link", "set", tap, "master", name]);
-            ip(&["link", "set", tap, "up"]);
-        }
-        bridge
-    }
-}
-
-impl Drop for Bridge {
-    fn drop(&mut self) {
-        for dev in self.taps.iter().chain(std::iter::once(&self.name)) {
-            let _ = std::process::Command::new("ip")
-                .args(["link", "del", dev])
-                .status();
-        }
-    }
-}
-
 #[test]
 #[ignore = "boots a real guest: run through the rig (scripts/test)"]
 fn a_tcp_connection_over_virtio_net_survives_a_postcopy_migration() {
-    use std::io::Read;
     require_hardware_kvm();
-    let _bridge = Bridge::new("hkmbr0", "10.78.0.1", &["hkm-a", "hkm-b"]);
+    let _bridge = HostLinks::bridge("hkmbr0", "10.78.0.1", &["hkm-a", "hkm-b"]);
     let (s1, s2) = (temp_socket("net-src"), temp_socket("net-dst"));
     let mac = "52:54:00:aa:bb:78";
     let net = |tap: &str| format!("tap={tap},mac={mac}");
@@ -512,26 +468,10 @@ fn a_tcp_connection_over_virtio_net_survives_a_postcopy_migration() {
         std::thread::sleep(Duration::from_millis(500));
     }
     let got = b.shell("wc -c < /dev/shm/stream; md5sum /dev/shm/stream | cut -d' ' -f1");
-    let mut expected = String::new();
-    {
-        let mut child = std::process::Command::new("md5sum")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(&sent).unwrap();
-        child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut expected)
-            .unwrap();
-        child.wait().unwrap();
-    }
-    let expected_md5 = expected.split_whitespace().next().unwrap();
+    let expected_md5 = md5_hex(&sent);
     assert_eq!(
         got.split_whitespace().collect::<Vec<_>>(),
-        vec![sent.len().to_string().as_str(), expected_md5],
+        vec![sent.len().to_string().as_str(), expected_md5.as_str()],
         "the TCP stream was not carried whole across the migration"
     );
     // Memory is intact too, and the network still answers.

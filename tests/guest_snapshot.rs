@@ -10,6 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::net::{md5_hex, HostLinks};
 use common::{require_hardware_kvm, temp_socket, Vmm, GUEST_TIMEOUT, PROMPT};
 
 /// The same machine both times: a restore needs the original's flags.
@@ -161,54 +162,6 @@ fn a_restored_guest_keeps_counting() {
     let _ = std::fs::remove_file(&again);
 }
 
-/// md5 of `data` as hex, from the host's md5sum.
-fn md5_hex(data: &[u8]) -> String {
-    use std::io::Write;
-    let mut child = std::process::Command::new("md5sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(data).unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
-}
-
-/// A TAP on the host side with `host_ip`/24, removed when dropped.
-struct HostTap {
-    name: String,
-}
-
-impl HostTap {
-    fn new(name: &str, host_ip: &str) -> HostTap {
-        let ip = |args: &[&str]| {
-            let status = std::process::Command::new("ip")
-                .args(args)
-                .status()
-                .expect("cannot run ip");
-            assert!(status.success(), "ip {args:?} failed");
-        };
-        ip(&["tuntap", "add", "dev", name, "mode", "tap"]);
-        ip(&["addr", "add", &format!("{host_ip}/24"), "dev", name]);
-        ip(&["link", "set", name, "up"]);
-        HostTap {
-            name: name.to_string(),
-        }
-    }
-}
-
-impl Drop for HostTap {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", &self.name])
-            .status();
-    }
-}
-
 fn balloon_mib(socket: &str) -> (u64, u64) {
     let (ok, out) = common::ctl(socket, &["balloon"]);
     assert!(ok, "{out}");
@@ -289,9 +242,9 @@ fn a_restored_guest_keeps_its_virtio_devices() {
     let snapshot = tmp.join(format!("hakoniwa-snap-virtio-{pid}.snap"));
     let snapshot = snapshot.to_str().unwrap().to_string();
     let uds = temp_socket("snap-vsock");
-    let tap = HostTap::new("hksnap0", "10.78.0.1");
+    let tap = HostLinks::tap("hksnap0", "10.78.0.1");
     let disk = format!("path={image}");
-    let net = format!("tap={},mac=52:54:00:aa:bb:02", tap.name);
+    let net = format!("tap={},mac=52:54:00:aa:bb:02", tap.name());
     let vsock = format!("cid=3,uds={uds}");
     let flags = [
         "--cpus",
@@ -366,7 +319,7 @@ fn a_restored_guest_keeps_its_virtio_devices() {
     drop(vmm);
 
     // Another MAC is refused, with one line, before the guest runs.
-    let other_net = format!("tap={},mac=52:54:00:aa:bb:03", tap.name);
+    let other_net = format!("tap={},mac=52:54:00:aa:bb:03", tap.name());
     let mut args = vec!["run", "--restore", &snapshot];
     args.extend(
         flags

@@ -5,6 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::net::{md5_hex, HostLinks};
 use common::{ctl, require_hardware_kvm, temp_socket, Vmm, PROMPT};
 
 /// MemTotal from /proc/meminfo, in KiB.
@@ -265,59 +266,11 @@ fn cache_modes_use_o_direct_only_for_none_and_kill_9_loses_nothing_synced() {
     }
 }
 
-/// md5 of `data` as hex, from the host's md5sum.
-fn md5_hex(data: &[u8]) -> String {
-    use std::io::Write;
-    let mut child = std::process::Command::new("md5sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(data).unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
-}
-
-/// A TAP on the host side with `host_ip`/24, removed when dropped.
-struct HostTap {
-    name: String,
-}
-
-impl HostTap {
-    fn new(name: &str, host_ip: &str) -> HostTap {
-        let ip = |args: &[&str]| {
-            let status = std::process::Command::new("ip")
-                .args(args)
-                .status()
-                .expect("cannot run ip");
-            assert!(status.success(), "ip {args:?} failed");
-        };
-        ip(&["tuntap", "add", "dev", name, "mode", "tap"]);
-        ip(&["addr", "add", &format!("{host_ip}/24"), "dev", name]);
-        ip(&["link", "set", name, "up"]);
-        HostTap {
-            name: name.to_string(),
-        }
-    }
-}
-
-impl Drop for HostTap {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", &self.name])
-            .status();
-    }
-}
-
 #[test]
 #[ignore = "boots a real guest: run through the rig (scripts/test)"]
 fn network_reaches_the_host_over_a_tap() {
     require_hardware_kvm();
-    let tap = HostTap::new("hktest0", "10.77.0.1");
+    let tap = HostLinks::tap("hktest0", "10.77.0.1");
     // The host serves 48 MiB of known bytes on 10.77.0.1: enough TSO-sized
     // frames to run the guest short of rx buffers many times.
     let listener = std::net::TcpListener::bind("10.77.0.1:0").unwrap();
@@ -331,7 +284,7 @@ fn network_reaches_the_host_over_a_tap() {
         let (mut conn, _) = listener.accept().unwrap();
         conn.write_all(&payload).unwrap();
     });
-    let net = format!("tap={},mac=52:54:00:aa:bb:01", tap.name);
+    let net = format!("tap={},mac=52:54:00:aa:bb:01", tap.name());
     let (status, out, err) = exec(
         &["--net", &net],
         &format!(

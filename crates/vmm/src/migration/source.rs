@@ -248,34 +248,7 @@ impl SourceJob {
     }
 
     fn migrate(&self, stage: &mut Stage) -> Result<(), MigrationError> {
-        let stream = connect(&self.request.to)?;
-        let mut reader = stream
-            .try_clone()
-            .map_err(|e| MigrationError::Invalid(e.to_string()))?;
-        let mut out =
-            Out::new(&stream, self.status.clone()).with_limit(self.request.max_bandwidth_mib);
-        reader.set_read_timeout(Some(ANSWER_TIMEOUT)).ok();
-
-        // Hello: the destination checks the machine before anything runs.
-        let hello = Hello {
-            protocol: PROTOCOL_VERSION,
-            hakoniwa: HAKONIWA_VERSION.into(),
-            mode: self.request.mode,
-            machine: self.snapshot.machine().clone(),
-            resume: false,
-        };
-        out.send(&Message::Hello(to_json(&hello)?))?;
-        out.flush()?;
-        match read_message(&mut reader)?.0 {
-            Message::Welcome(_) => {}
-            Message::Refused(why) => return Err(MigrationError::Refused(why)),
-            other => {
-                return Err(MigrationError::Unexpected {
-                    got: other.name(),
-                    when: "instead of the destination's welcome",
-                })
-            }
-        }
+        let (stream, mut reader, mut out) = self.handshake(&self.request.to, false)?;
 
         let pages = self.layout.pages();
         // Pages the destination has a current copy of.
@@ -408,12 +381,14 @@ impl SourceJob {
         }
     }
 
-    /// Connects to the destination again for a resumed postcopy; `sent`
-    /// becomes what it says it has.
-    fn reconnect(
+    /// Connects to `to`, says hello (the destination checks the machine
+    /// before anything runs) and waits for its welcome. Returns the stream,
+    /// its reading half (with a timeout for answers) and its buffered
+    /// writing half.
+    fn handshake(
         &self,
         to: &str,
-        sent: &PageBitmap,
+        resume: bool,
     ) -> Result<(TcpStream, TcpStream, Out), MigrationError> {
         let stream = connect(to)?;
         let mut reader = stream
@@ -427,20 +402,28 @@ impl SourceJob {
             hakoniwa: HAKONIWA_VERSION.into(),
             mode: self.request.mode,
             machine: self.snapshot.machine().clone(),
-            resume: true,
+            resume,
         };
         out.send(&Message::Hello(to_json(&hello)?))?;
         out.flush()?;
         match read_message(&mut reader)?.0 {
-            Message::Welcome(_) => {}
-            Message::Refused(why) => return Err(MigrationError::Refused(why)),
-            other => {
-                return Err(MigrationError::Unexpected {
-                    got: other.name(),
-                    when: "instead of the destination's welcome",
-                })
-            }
+            Message::Welcome(_) => Ok((stream, reader, out)),
+            Message::Refused(why) => Err(MigrationError::Refused(why)),
+            other => Err(MigrationError::Unexpected {
+                got: other.name(),
+                when: "instead of the destination's welcome",
+            }),
         }
+    }
+
+    /// Connects to the destination again for a resumed postcopy; `sent`
+    /// becomes what it says it has.
+    fn reconnect(
+        &self,
+        to: &str,
+        sent: &PageBitmap,
+    ) -> Result<(TcpStream, TcpStream, Out), MigrationError> {
+        let (stream, mut reader, out) = self.handshake(to, true)?;
         let Message::Received(bitmap) = read_message(&mut reader)?.0 else {
             return Err(MigrationError::Invalid(
                 "the destination did not say which pages it has".into(),
