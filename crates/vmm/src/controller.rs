@@ -19,8 +19,7 @@ use display::DisplayControl;
 use crate::boot::BootProtocol;
 use crate::event::{EventSender, VmmEvent};
 use crate::migration::source::{MigrationRequest, VmPauser};
-use crate::migration::status::SharedStatus;
-use crate::migration::{MigrationMode, MigrationSource};
+use crate::migration::{MigrationMode, MigrationReports};
 use crate::mmu::{MmuControl, SptBudget};
 use crate::snapshot::{SnapshotError, SnapshotSource};
 use crate::vcpu::{Desired, RunControl};
@@ -121,8 +120,7 @@ pub struct VmControl {
     snapshot: Option<Arc<SnapshotSource>>,
     /// A snapshot is being taken: the VM must stay paused until it is done.
     snapshotting: AtomicBool,
-    migration: Option<Arc<MigrationSource>>,
-    incoming: Option<Arc<SharedStatus>>,
+    migration: Option<Arc<MigrationReports>>,
 }
 
 impl VmControl {
@@ -145,19 +143,13 @@ impl VmControl {
             snapshot: None,
             snapshotting: AtomicBool::new(false),
             migration: None,
-            incoming: None,
         }
     }
 
-    /// Serves `vm.migrate` (this VM as a migration's source).
-    pub fn with_migration(mut self, migration: Arc<MigrationSource>) -> Self {
-        self.migration = Some(migration);
-        self
-    }
-
-    /// Reports the migration this VM came in by (`run --incoming`).
-    pub fn with_incoming(mut self, status: Option<Arc<SharedStatus>>) -> Self {
-        self.incoming = status;
+    /// Serves `vm.migrate` (this VM as a migration's source) and
+    /// `vm.migration` (its migrations' reports).
+    pub fn with_migration(mut self, reports: Arc<MigrationReports>) -> Self {
+        self.migration = Some(reports);
         self
     }
 
@@ -165,6 +157,7 @@ impl VmControl {
         let source = self
             .migration
             .as_deref()
+            .map(|m| &m.source)
             .ok_or_else(|| ApiError::not_implemented("this VM cannot be migrated"))?;
         if self.state() == VmState::ShuttingDown {
             return Err(ApiError::conflict("the VM is shutting down"));
@@ -200,8 +193,7 @@ impl VmControl {
         let status = self
             .migration
             .as_ref()
-            .and_then(|m| m.status())
-            .or_else(|| self.incoming.as_ref().map(|s| s.get()))
+            .and_then(|m| m.latest())
             .ok_or_else(|| ApiError::conflict("no migration has run in this VMM"))?;
         serde_json::to_value(&status)
             .map(ApiResponse::Migration)

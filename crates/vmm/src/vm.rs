@@ -29,7 +29,9 @@ use crate::display::{
 use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
 use crate::memory::{create_guest_memory, register_guest_memory, GuestMemoryMmap};
 use crate::metrics::{MetricsSink, MetricsSource, MetricsWriter};
-use crate::migration::{Incoming, IncomingAddress, MigrationError, MigrationSource};
+use crate::migration::{
+    Incoming, IncomingAddress, MigrationError, MigrationReports, MigrationSource,
+};
 use crate::mmu::{AgentListener, MmuControl, SptBudget};
 use crate::platform::{create_virtio_devices, Platform};
 use crate::snapshot::restore as snapshot_restore;
@@ -270,16 +272,6 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     if let Some(received) = &mut received {
         received.started(pauser.clone())?;
     }
-    // Periodic metrics (--metrics): "mmu" and "kvm"; a device with figures
-    // of its own (the display: "display") adds its MetricsSource here.
-    let mut metrics_sources: Vec<Arc<dyn MetricsSource>> = vec![mmu.clone(), mmu.shared_stats()];
-    if let Some(display) = &display {
-        metrics_sources.push(Arc::new(DisplayMetrics(display.control())));
-    }
-    let metrics = match (metrics_sink, &config.metrics) {
-        (Some(sink), Some(m)) => Some(MetricsWriter::start(sink, m.interval, metrics_sources)?),
-        _ => None,
-    };
 
     // Interactive console unless the guest runs a command for us.
     let _raw_terminal = if config.exec.is_none() {
@@ -328,12 +320,27 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         boot_protocol,
         devices: platform.devices,
     };
-    let migration_source = Arc::new(MigrationSource::new(
-        vm_fd.clone(),
-        snapshot_source.clone(),
-        pauser.clone(),
-        events.clone(),
-    ));
+    let migrations = Arc::new(MigrationReports {
+        source: Arc::new(MigrationSource::new(
+            vm_fd.clone(),
+            snapshot_source.clone(),
+            pauser.clone(),
+            events.clone(),
+        )),
+        incoming: received.as_ref().map(|r| r.status()),
+    });
+    // Periodic metrics (--metrics): "mmu", "kvm" and "migration"; a device
+    // with figures of its own (the display: "display") adds its
+    // MetricsSource here.
+    let mut metrics_sources: Vec<Arc<dyn MetricsSource>> =
+        vec![mmu.clone(), mmu.shared_stats(), migrations.clone()];
+    if let Some(display) = &display {
+        metrics_sources.push(Arc::new(DisplayMetrics(display.control())));
+    }
+    let metrics = match (metrics_sink, &config.metrics) {
+        (Some(sink), Some(m)) => Some(MetricsWriter::start(sink, m.interval, metrics_sources)?),
+        _ => None,
+    };
     let vm_control = Arc::new(
         VmControl::new(
             description,
@@ -345,8 +352,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         .with_mmu(mmu)
         .with_display(display.as_ref().map(|d| d.control()))
         .with_snapshot(snapshot_source)
-        .with_migration(migration_source)
-        .with_incoming(received.as_ref().map(|r| r.status())),
+        .with_migration(migrations),
     );
     let _api_server = match &config.api_socket {
         Some(path) => Some(crate::controller::start_api_server(

@@ -101,6 +101,34 @@ impl MigrationError {
     }
 }
 
+/// The newest migration's report in this VMM: an outgoing one if the VM
+/// started one, else the one it came in by. Serves the API
+/// (`vm.migration`) and the `--metrics` file's "migration" section.
+pub struct MigrationReports {
+    pub source: std::sync::Arc<MigrationSource>,
+    pub incoming: Option<std::sync::Arc<status::SharedStatus>>,
+}
+
+impl MigrationReports {
+    pub fn latest(&self) -> Option<MigrationStatus> {
+        self.source
+            .status()
+            .or_else(|| self.incoming.as_ref().map(|s| s.get()))
+    }
+}
+
+impl crate::metrics::MetricsSource for MigrationReports {
+    fn name(&self) -> &'static str {
+        "migration"
+    }
+
+    fn sample(&self) -> serde_json::Value {
+        self.latest()
+            .and_then(|s| serde_json::to_value(s).ok())
+            .unwrap_or(serde_json::Value::Null)
+    }
+}
+
 /// Wall-clock time now, ns since the Unix epoch: both sides of a
 /// same-host migration share it, so downtime can be measured across them.
 pub fn unix_now_ns() -> u64 {
