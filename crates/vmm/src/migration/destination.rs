@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::pages::{is_zero_page, PageBitmap, RamLayout};
-use super::postcopy::{FaultThread, PostcopyShared};
+use super::postcopy::{guest_async_pf, FaultThread, PostcopyShared};
 use super::protocol::{
     read_message, write_message, Message, StreamError, PAGE_SIZE, PROTOCOL_VERSION,
 };
@@ -165,7 +165,16 @@ impl Incoming {
                 None
             }
             Some(shared) => {
+                let msrs: Vec<&[_]> = envelope
+                    .snapshot
+                    .vcpus
+                    .iter()
+                    .map(|v| v.msrs.as_slice())
+                    .collect();
+                let async_pf = guest_async_pf(&msrs);
+                shared.set_guest_async_pf(async_pf);
                 status.update(|s| {
+                    s.guest_async_pf = Some(async_pf);
                     s.phase = Phase::Postcopy;
                     s.remaining_pages = (layout.pages() - shared.received.count()) as u64;
                 });

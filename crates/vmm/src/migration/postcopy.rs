@@ -8,7 +8,11 @@
 //! nothing on it meanwhile), one of KVM's async page-fault workers (the
 //! guest was told "page not present" and runs another task: the para-
 //! virtualized page fault of seed 003), or one of our own device threads.
-//! The time vCPU threads wait gives the guest's run-time fraction.
+//! The time vCPUs wait gives the guest's run-time fraction. A guest that
+//! has not enabled async page faults (`--async-pf off`, `no-kvmapf`) still
+//! sees its faults taken by KVM's worker, but KVM parks the vCPU in an
+//! "artificial halt" until the page is there (only interrupts get in): such
+//! a fault is the vCPU's wait too.
 
 use std::collections::HashMap;
 use std::net::TcpStream;
@@ -25,6 +29,7 @@ use super::pages::{PageBitmap, RamLayout};
 use super::protocol::{write_message, Message, PageKind, PAGE_SIZE};
 use super::status::{RunFraction, SharedStatus};
 use super::MigrationError;
+use crate::snapshot::state::MsrValue;
 
 /// Width of one window of the run-time fraction.
 const RUN_WINDOW: Duration = Duration::from_millis(100);
@@ -40,7 +45,36 @@ enum Faulter {
 /// A fault waiting for its page.
 struct Pending {
     since: Instant,
-    vcpus: Vec<usize>,
+    /// vCPUs that wait for it: each vCPU thread that faulted on it, and,
+    /// in a guest without async page faults, each async worker's fault
+    /// (its vCPU is halted meanwhile).
+    stalled: usize,
+}
+
+/// Whether a fault taken by `faulter` stops a vCPU until the page is here.
+/// An async worker's fault does only when the guest cannot be told "page
+/// not present" (`guest_async_pf` false): KVM then halts the vCPU instead.
+fn stalls_vcpu(faulter: Faulter, guest_async_pf: bool) -> bool {
+    match faulter {
+        Faulter::Vcpu(_) => true,
+        Faulter::AsyncWorker => !guest_async_pf,
+        Faulter::Vmm => false,
+    }
+}
+
+/// MSR_KVM_ASYNC_PF_EN, and the bits KVM (Linux >= 5.8) needs set in it
+/// to deliver async page faults: enabled, "page ready" as an interrupt.
+const MSR_KVM_ASYNC_PF_EN: u32 = 0x4b56_4d02;
+const ASYNC_PF_ON: u64 = 1 | (1 << 3);
+
+/// Whether the guest enabled async page faults on every vCPU, from the
+/// vCPUs' MSRs in the migrated state.
+pub fn guest_async_pf(vcpu_msrs: &[&[MsrValue]]) -> bool {
+    !vcpu_msrs.is_empty()
+        && vcpu_msrs.iter().all(|msrs| {
+            msrs.iter()
+                .any(|m| m.index == MSR_KVM_ASYNC_PF_EN && m.data & ASYNC_PF_ON == ASYNC_PF_ON)
+        })
 }
 
 /// What the fault thread and the page placement share.
@@ -61,6 +95,9 @@ pub struct PostcopyShared {
     blocked_ns: Mutex<Vec<u64>>,
     vcpus: usize,
     faulters: Mutex<HashMap<i32, Faulter>>,
+    /// The guest has async page faults enabled (set from the migrated
+    /// state before the fault thread starts).
+    guest_async_pf: AtomicBool,
 }
 
 impl PostcopyShared {
@@ -103,7 +140,14 @@ impl PostcopyShared {
             blocked_ns: Mutex::new(Vec::new()),
             vcpus: vcpus.max(1),
             faulters: Mutex::new(HashMap::new()),
+            guest_async_pf: AtomicBool::new(true),
         }))
+    }
+
+    /// Whether the guest takes async page faults (`guest_async_pf` of its
+    /// vCPUs' MSRs): without, an async worker's fault halts a vCPU.
+    pub fn set_guest_async_pf(&self, enabled: bool) {
+        self.guest_async_pf.store(enabled, Ordering::SeqCst);
     }
 
     /// The vCPUs run from now: the run-time fraction counts from here.
@@ -227,7 +271,7 @@ impl PostcopyShared {
             for p in &resolved {
                 s.fault_latency.record((now - p.since).as_micros() as u64);
                 if let Some(start) = start {
-                    for _ in &p.vcpus {
+                    for _ in 0..p.stalled {
                         add_blocked(&mut blocked, start, p.since.max(start), now);
                     }
                 }
@@ -264,10 +308,10 @@ impl PostcopyShared {
         }
         let entry = pending.entry(index).or_insert_with(|| Pending {
             since: Instant::now(),
-            vcpus: Vec::new(),
+            stalled: 0,
         });
-        if let Faulter::Vcpu(n) = faulter {
-            entry.vcpus.push(n);
+        if stalls_vcpu(faulter, self.guest_async_pf.load(Ordering::SeqCst)) {
+            entry.stalled += 1;
         }
         drop(pending);
         let double = self.requested.set(index);
@@ -504,6 +548,41 @@ fn serve_faults(shared: &PostcopyShared, stop: &EventFd) -> Result<(), Migration
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_async_workers_fault_stalls_a_vcpu_only_without_guest_async_pf() {
+        assert!(stalls_vcpu(Faulter::Vcpu(0), true));
+        assert!(stalls_vcpu(Faulter::Vcpu(1), false));
+        // The guest was told "page not present" and runs another task.
+        assert!(!stalls_vcpu(Faulter::AsyncWorker, true));
+        // KVM's artificial halt: the vCPU waits for the worker's page.
+        assert!(stalls_vcpu(Faulter::AsyncWorker, false));
+        assert!(!stalls_vcpu(Faulter::Vmm, false));
+    }
+
+    #[test]
+    fn guest_async_pf_is_read_from_every_vcpus_msr() {
+        let msr = |data| MsrValue {
+            index: MSR_KVM_ASYNC_PF_EN,
+            data,
+        };
+        let other = MsrValue {
+            index: 0x10,
+            data: 9,
+        };
+        // Linux >= 5.8: enabled, delivered as an interrupt, send always.
+        let on = [other, msr(0x2000_0000 | 0b1011)];
+        let off = [other, msr(0)];
+        assert!(guest_async_pf(&[&on]));
+        assert!(guest_async_pf(&[&on, &on]));
+        assert!(!guest_async_pf(&[&on, &off]));
+        assert!(!guest_async_pf(&[&off]));
+        // Enabled without interrupt delivery: KVM >= 5.8 delivers nothing.
+        assert!(!guest_async_pf(&[&[msr(1)]]));
+        // No such MSR in the state.
+        assert!(!guest_async_pf(&[&[other]]));
+        assert!(!guest_async_pf(&[]));
+    }
 
     #[test]
     fn blocked_time_is_split_into_windows() {

@@ -188,6 +188,10 @@ pub struct MigrationStatus {
     pub fault_latency: LatencyHistogram,
     /// The guest's run-time fraction per 100 ms window during postcopy.
     pub run_fraction: Vec<RunFraction>,
+    /// Destination, postcopy: whether the guest has async page faults
+    /// enabled (its vCPUs' MSR_KVM_ASYNC_PF_EN). Without, KVM halts a vCPU
+    /// whose fault its worker takes, and that wait counts in run_fraction.
+    pub guest_async_pf: Option<bool>,
     /// The connection dropped and was resumed this many times.
     pub resumes: u32,
 }
@@ -218,6 +222,7 @@ impl MigrationStatus {
             faults: FaultCounts::default(),
             fault_latency: LatencyHistogram::new(),
             run_fraction: Vec::new(),
+            guest_async_pf: None,
             resumes: 0,
         }
     }
