@@ -43,12 +43,13 @@ impl HostLinks {
         }
     }
 
-    /// A bridge with `host_ip`/24 and one TAP per VMM in it. Two hakoniwa
-    /// processes cannot hold one TAP, so a migration's source and
-    /// destination each get theirs; with ageing off the bridge floods, so
-    /// frames reach whichever TAP the guest is behind now.
+    /// A (learning) bridge with `host_ip`/24 and one TAP per VMM in it.
+    /// Two hakoniwa processes cannot hold one TAP, so a migration's source
+    /// and destination each get theirs; the bridge learns which one the
+    /// guest is behind from the destination's announcement (a RARP from the
+    /// guest's MAC when its virtio-net device is restored).
     pub fn bridge(name: &str, host_ip: &str, taps: &[&str]) -> HostLinks {
-        ip(&["link", "add", name, "type", "bridge", "ageing_time", "0"]);
+        ip(&["link", "add", name, "type", "bridge"]);
         ip(&["addr", "add", &format!("{host_ip}/24"), "dev", name]);
         ip(&["link", "set", name, "up"]);
         let mut names = vec![name.to_string()];

@@ -72,6 +72,8 @@ pub struct Net {
     config: [u8; CONFIG_LEN],
     metrics: Arc<NetMetrics>,
     worker: Option<Worker<NetLoop>>,
+    /// Restored into a new VMM: announce the guest's MAC once it serves.
+    announce: bool,
 }
 
 impl Net {
@@ -120,6 +122,7 @@ impl Net {
             config,
             metrics: Arc::new(NetMetrics::default()),
             worker: None,
+            announce: false,
         }
     }
 
@@ -230,12 +233,20 @@ impl VirtioDevice for Net {
     }
 
     fn resume(&mut self) -> Result<(), StateError> {
-        match &mut self.worker {
-            Some(worker) => worker
-                .resume()
-                .map_err(|e| StateError::Resume(e.to_string())),
-            None => Ok(()),
+        let Some(worker) = &mut self.worker else {
+            return Ok(());
+        };
+        worker
+            .resume()
+            .map_err(|e| StateError::Resume(e.to_string()))?;
+        if std::mem::take(&mut self.announce) {
+            // The guest may now sit behind another switch port (a live
+            // migration) than the one its MAC was learnt on.
+            if let Err(e) = self.backend.write_frame(&announcement(self.mac)) {
+                tracing::warn!("{}: cannot announce the guest's MAC: {e}", self.id);
+            }
         }
+        Ok(())
     }
 
     fn save_state(&self) -> DeviceState {
@@ -280,9 +291,30 @@ impl VirtioDevice for Net {
                 .parked_worker(activation)
                 .map_err(|e| StateError::Mismatch(e.to_string()))?;
             self.worker = Some(worker);
+            self.announce = true;
         }
         Ok(())
     }
+}
+
+/// What a restored device sends first, as QEMU's self-announce does after
+/// a migration: a broadcast RARP request from the guest's MAC (EtherType
+/// 0x8035; hardware Ethernet, protocol IPv4, sender and target the MAC),
+/// padded to the 60-byte minimum, behind an empty vnet header. Switches
+/// and bridges learn from it which port the MAC is behind now.
+pub(super) fn announcement(mac: [u8; 6]) -> Vec<u8> {
+    let mut frame = vec![0u8; super::NET_HDR_LEN];
+    frame.extend_from_slice(&[0xff; 6]);
+    frame.extend_from_slice(&mac);
+    frame.extend_from_slice(&[0x80, 0x35]);
+    // htype 1, ptype 0x0800, hlen 6, plen 4, op 3 (reverse request).
+    frame.extend_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 3]);
+    frame.extend_from_slice(&mac);
+    frame.extend_from_slice(&[0; 4]);
+    frame.extend_from_slice(&mac);
+    frame.extend_from_slice(&[0; 4]);
+    frame.resize(super::NET_HDR_LEN + 60, 0);
+    frame
 }
 
 impl Net {

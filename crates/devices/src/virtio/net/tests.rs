@@ -598,6 +598,15 @@ fn a_restored_device_goes_on_from_the_saved_positions() {
         )
         .unwrap();
     restored.resume().unwrap();
+    // First, the guest's MAC is announced: a broadcast RARP from it.
+    let announced = recv_peer(&peer);
+    assert_eq!(announced.len(), hdr().len() + 60);
+    let eth = &announced[hdr().len()..];
+    assert_eq!(&eth[..6], &[0xff; 6]);
+    assert_eq!(&eth[6..12], &MAC);
+    assert_eq!(&eth[12..14], &[0x80, 0x35]);
+    assert_eq!(&eth[20..22], &[0, 3], "RARP reverse request");
+    assert_eq!(&eth[22..28], &MAC);
     let fr = frame(80, 6);
     peer.send(&[hdr(), fr.clone()].concat()).unwrap();
     let u = r.rx.wait_used();
