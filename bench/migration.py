@@ -1,0 +1,1758 @@
+#!/usr/bin/env python3
+"""Live-migration benchmark (seed 003): hakoniwa's postcopy with and without
+para-virtualized page faults, and precopy / postcopy / hybrid beside QEMU's.
+
+Three parts, all in one run (each a --parts name):
+
+touch  The paper's 4.1 micro-benchmark. A 1-vCPU, 1 GiB guest runs
+       `hk-memtouch -t 4 -m 200` (guest/tools/hk-memtouch.c): four threads
+       each allocate and fill 200 MB, then wait. The destination hakoniwa
+       waits with `run --incoming`; `ctl migrate --mode postcopy` (prefetch
+       8) starts the migration, and as soon as the destination's
+       `vm.migration` says postcopy (the guest runs there) the harness types
+       the go line on the destination's console: every thread reads its area
+       byte by byte and stops its clock at the end. Rows: async page faults
+       on / off (`run --async-pf`, both sides) x background push on / off
+       (`--no-background` is the paper's setting). A row without migration
+       gives the pure compute time. Per row: each thread's time, the
+       destination's report (faults major/minor/double, by vCPU / async
+       worker / VMM, fault latency histogram, run_fraction) and, sampled by
+       the harness every 100 ms, the destination's vCPU thread: time in
+       guest mode (/proc/PID/task/TID/stat guest_time; the paper's "VMX
+       non-root time") and on CPU (schedstat).
+
+web    The paper's 4.2. The same guest with virtio-net serves 5000 files of
+       100 KB of pseudo-random bytes (hk-mkfiles, in a tmpfs) with busybox
+       httpd. Debian's siege runs 128 concurrent clients in random order
+       from L1 (the harness timestamps each verbose line siege prints);
+       after --web-before seconds a postcopy migration starts, and siege
+       runs --web-after seconds more. Source and destination each have
+       their own TAP in one Linux bridge with ageing_time 0 (it floods every
+       frame to both TAPs, so frames reach whichever side the guest runs
+       on: two processes cannot open one TAP, and hakoniwa announces no
+       move). Rows: async PF on / off, background push as --web-background.
+
+modes  Precopy, postcopy and hybrid of the same guest, idle and under a
+       memory-dirtying workload (`hk-memtouch -d`: a paced rate, a fraction
+       of the measured link bandwidth, and as fast as the guest can),
+       beside QEMU's precopy and postcopy (QMP `migrate` with the
+       postcopy-ram capability and `migrate-start-postcopy` at once, and
+       after the first pass as QEMU's operator-driven hybrid) of the same
+       kernel and initramfs (`-enable-kvm -cpu host`). Downtime and total
+       time from each VMM's own report, beside RAM / the link bandwidth
+       measured over loopback at the start.
+
+Writes bench/results/migration.{json,md,png}. Normally run through
+scripts/bench-migration (the test rig where there is no hardware KVM).
+`--replot JSON` rebuilds the md and png from a json without running
+anything. Needs root (TAPs, bridge, userfaultfd for QEMU).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import pty
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from boot import (bzimage_version, cpu_model, first_line, guest_manifest,  # noqa: E402
+                  md_table, placement, sha256_file, text_table)
+from hkguest import Console, PROMPT_RE  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
+RIG_NOTE = ("inside L1 under TCG with nested KVM; source, destination, the link "
+            "(loopback) and the clients share L1's 2 vCPUs; absolute figures mean "
+            "little, compare rows of the same run")
+MAC = "52:54:00:12:34:56"
+MIB = 1 << 20
+PARTS = ["touch", "web", "modes"]
+WORKLOADS = ["idle", "dirty", "heavy"]
+HK_MODES = ["precopy", "postcopy", "hybrid"]
+QEMU_MODES = ["precopy", "postcopy", "hybrid"]
+
+# Seed 003's figures (10GbE, 1 vCPU / 1 GB VM, +-8 prefetch, no background
+# transfer during the measurements).
+PAPER = {
+    "touch_s": {"on": 9.8, "off": 17.6},
+    "touch_cut": 0.44,
+    "run_fraction": {"on": 0.55, "off": 0.38},
+    "web_switch_s": {"on": 1.3, "off": 1.8},
+    "web_plus25_s": {"on": 0.5, "off": 0.75},
+    "web_before_s": 0.25,
+    "minor_fault": "a few us",
+    "major_fault": "hundreds of us (GbE)",
+}
+
+T0 = time.monotonic()
+
+
+def log(*a):
+    print("[%6.1f] %s" % (time.monotonic() - T0, " ".join(str(x) for x in a)), flush=True)
+
+
+# ------------------------------------------------------------ processes ----
+
+class Proc:
+    """A VMM process: its console (stdout) and its stderr, both collected."""
+
+    def __init__(self, argv, name):
+        self.name = name
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, close_fds=True)
+        self.con = Console(self.proc)
+        self.err = bytearray()
+        self.err_lock = threading.Lock()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read_err(self):
+        while True:
+            data = os.read(self.proc.stderr.fileno(), 65536)
+            if not data:
+                return
+            with self.err_lock:
+                self.err += data
+
+    def stderr(self):
+        with self.err_lock:
+            return self.err.decode("utf-8", "replace")
+
+    def wait_stderr(self, text, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.stderr():
+                return True
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.05)
+        return False
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def tails(self):
+        return "console: %r; stderr: %r" % (self.con.tail(400), self.stderr()[-600:])
+
+
+SHELL_N = [0]
+
+
+def shell(con, command, timeout):
+    """Runs COMMAND in the guest shell; its output (the typed line's echo
+    never matches the markers: they are computed by the shell)."""
+    SHELL_N[0] += 2
+    n = SHELL_N[0]
+    begin = re.compile(rb"__b%d__\r?\n" % (n + 1))
+    end = re.compile(rb"__e%d__" % (n + 2))
+    start = con.size()
+    con.send("echo __b$((%d+1))__; %s; echo __e$((%d+2))__\n" % (n, command, n))
+    m = con.wait(begin, start, timeout)
+    if not m:
+        raise RuntimeError("guest shell: %r did not start: %r" % (command, con.tail(400)))
+    e = con.wait(end, m.end(), timeout)
+    if not e:
+        raise RuntimeError("guest shell: %r did not finish: %r" % (command, con.tail(400)))
+    with con.cond:
+        return bytes(con.buf[m.end():e.start()]).decode("utf-8", "replace").replace("\r", "")
+
+
+def api_get(sock, path, timeout=10):
+    """GET /api/v1/PATH on a hakoniwa API socket: the JSON answer, or None."""
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        s.connect(sock)
+        s.sendall(("GET /api/v1/%s HTTP/1.1\r\nHost: localhost\r\nAccept: application/json"
+                   "\r\nConnection: close\r\n\r\n" % path).encode())
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        head, _, body = data.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            return None
+        return json.loads(body)
+    except (OSError, ValueError):
+        return None
+
+
+def hk_ctl(args, sock, *cmd, timeout=60):
+    out = subprocess.run([args.hk, "ctl", "--api-socket", sock, *cmd], capture_output=True,
+                         text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError("ctl %s: status %d: %s" % (" ".join(cmd), out.returncode,
+                                                     (out.stderr or out.stdout).strip()))
+    return out.stdout
+
+
+class VcpuSampler:
+    """Every 100 ms: the vCPU threads' time in guest mode (guest_time, field
+    43 of /proc/PID/task/TID/stat, clock ticks) and on CPU (schedstat, ns),
+    summed over the VM's vCPU threads."""
+
+    NAME = re.compile(r"^(vcpu\d+|CPU \d+/KVM)$")
+
+    def __init__(self, pid, period=0.1):
+        self.pid, self.period = pid, period
+        self.samples = []
+        self.stop_ev = threading.Event()
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _tids(self):
+        tids = []
+        try:
+            for tid in os.listdir("/proc/%d/task" % self.pid):
+                try:
+                    with open("/proc/%d/task/%s/comm" % (self.pid, tid)) as f:
+                        if self.NAME.match(f.read().strip()):
+                            tids.append(tid)
+                except OSError:
+                    pass
+        except OSError:
+            pass
+        return tids
+
+    def _run(self):
+        tids = []
+        while not self.stop_ev.is_set():
+            if not tids:
+                tids = self._tids()
+            guest = oncpu = 0
+            for tid in tids:
+                try:
+                    with open("/proc/%d/task/%s/stat" % (self.pid, tid)) as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    guest += int(fields[40])
+                    with open("/proc/%d/task/%s/schedstat" % (self.pid, tid)) as f:
+                        oncpu += int(f.read().split()[0])
+                except (OSError, IndexError, ValueError):
+                    pass
+            if tids:
+                self.samples.append((time.monotonic(), guest / self.tick, oncpu / 1e9))
+            self.stop_ev.wait(self.period)
+
+    def stop(self):
+        self.stop_ev.set()
+        self.thread.join(2)
+        return self.samples
+
+
+def fractions(samples, t_ref, window):
+    """[(t, guest fraction, on-CPU fraction)] per WINDOW seconds, t from
+    T_REF (one vCPU's worth = 1)."""
+    out = []
+    if len(samples) < 2:
+        return out
+    i = 0
+    while i < len(samples) - 1:
+        j = i + 1
+        while j < len(samples) - 1 and samples[j][0] - samples[i][0] < window - 1e-3:
+            j += 1
+        dt = samples[j][0] - samples[i][0]
+        if dt <= 0:
+            break
+        out.append((round(samples[i][0] - t_ref, 2),
+                    round((samples[j][1] - samples[i][1]) / dt, 3),
+                    round((samples[j][2] - samples[i][2]) / dt, 3)))
+        i = j
+    return out
+
+
+def hk_fraction_mean(windows, t_from, t_to):
+    """The mean of hakoniwa's run_fraction over [t_from, t_to): its list
+    stops at the last window in which a vCPU waited (later ones are 1)."""
+    have = {int(round(t * 10)): f for t, f in windows}
+    ks = range(int(t_from * 10), int(t_to * 10))
+    return round(statistics.mean(have.get(k, 1.0) for k in ks), 3) if ks else None
+
+
+def mean_fraction(samples, t_from, t_to):
+    """(guest, on-CPU) fraction over [t_from, t_to] from the samples."""
+    inside = [s for s in samples if t_from <= s[0] <= t_to]
+    if len(inside) < 2 or inside[-1][0] - inside[0][0] <= 0:
+        return None, None
+    dt = inside[-1][0] - inside[0][0]
+    return (round((inside[-1][1] - inside[0][1]) / dt, 3),
+            round((inside[-1][2] - inside[0][2]) / dt, 3))
+
+
+class ReportPoller:
+    """The destination's vm.migration every PERIOD seconds while a row runs
+    (faults and pages over time)."""
+
+    KEYS = [("faults", "major"), ("faults", "minor"), ("faults", "double"),
+            ("faults", "vcpu"), ("faults", "async_worker"), ("faults", "vmm"),
+            ("pages", "demand"), ("pages", "prefetch"), ("pages", "background")]
+
+    def __init__(self, sock, t_ref, period=1.0):
+        self.sock, self.t_ref, self.period = sock, t_ref, period
+        self.series = []
+        self.last = None
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop_ev.is_set():
+            r = api_get(self.sock, "vm.migration")
+            if r:
+                self.last = r
+                row = {"t": round(time.monotonic() - self.t_ref, 2), "phase": r.get("phase"),
+                       "remaining": r.get("remaining_pages")}
+                for a, b in self.KEYS:
+                    row["%s_%s" % (a, b)] = r.get(a, {}).get(b)
+                self.series.append(row)
+            self.stop_ev.wait(self.period)
+
+    def stop(self):
+        self.stop_ev.set()
+        self.thread.join(5)
+        return self.series
+
+
+# ------------------------------------------------------------- hakoniwa ----
+
+def hk_flags(args, async_pf, net=None):
+    f = ["--kernel", args.kernel_copy, "--initramfs", args.initrd_copy, "--cmdline", CMDLINE,
+         "--cpus", str(args.cpus), "--memory", "%dM" % args.memory_mib,
+         "--async-pf", async_pf]
+    if net:
+        f += ["--net", "tap=%s,mac=%s" % (net, MAC)]
+    return f
+
+
+class HkPair:
+    """A source hakoniwa with a guest shell, and later its destination."""
+
+    def __init__(self, args, tag, async_pf="on", src_net=None, dst_net=None):
+        self.args, self.tag = args, tag
+        self.async_pf, self.dst_net = async_pf, dst_net
+        self.src_sock = os.path.join(args.work, "%s-src.sock" % tag)
+        self.dst_sock = os.path.join(args.work, "%s-dst.sock" % tag)
+        self.port = free_port()
+        self.src = Proc([args.hk, "run", "--api-socket", self.src_sock,
+                         *hk_flags(args, async_pf, src_net)], "hakoniwa source")
+        self.dst = None
+        if not self.src.con.wait(PROMPT_RE, 0, args.boot_timeout):
+            raise RuntimeError("no guest prompt: " + self.src.tails())
+
+    def start_destination(self):
+        self.dst = Proc([self.args.hk, "run", "--incoming", "tcp:127.0.0.1:%d" % self.port,
+                         "--api-socket", self.dst_sock,
+                         *hk_flags(self.args, self.async_pf, self.dst_net)],
+                        "hakoniwa destination")
+        if not self.dst.wait_stderr("waiting for a migration", 60):
+            raise RuntimeError("the destination does not listen: " + self.dst.tails())
+
+    def migrate(self, mode, extra=()):
+        hk_ctl(self.args, self.src_sock, "migrate", "--to", "tcp:127.0.0.1:%d" % self.port,
+               "--mode", mode, "--no-wait", *extra)
+
+    def wait_dst_phase(self, phases, timeout):
+        """Polls the destination's report (its API is up once its VM runs)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = api_get(self.dst_sock, "vm.migration") if os.path.exists(self.dst_sock) else None
+            if r and r.get("phase") in phases:
+                return r
+            if r and r.get("phase") == "failed":
+                raise RuntimeError("destination: migration failed: %s" % r.get("error"))
+            if not self.dst.alive():
+                raise RuntimeError("the destination exited with status %s: %s" % (
+                    self.dst.proc.returncode, self.dst.tails()))
+            time.sleep(0.02)
+        raise RuntimeError("destination not %s within %d s: %s" % (
+            "/".join(phases), timeout, self.dst.tails()))
+
+    def close(self):
+        for p in (self.src, self.dst):
+            if p:
+                p.kill()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def trim_report(r):
+    """A migration report without its long per-100 ms list (kept apart)."""
+    if not r:
+        return None
+    return {k: v for k, v in r.items() if k != "run_fraction"}
+
+
+# ---------------------------------------------------------------- touch ----
+
+MEMTOUCH_DONE = re.compile(rb"hk-memtouch: done threads=(\d+) mib=(\d+) stride=(\d+) "
+                           rb"max=([0-9.]+) mean=([0-9.]+) check=(\w+)\r?\n")
+MEMTOUCH_THREAD = re.compile(rb"thread (\d+) seconds=([0-9.]+) start=([0-9.]+) check=(\w+) "
+                             rb"marks=([0-9.,]+)\r?\n")
+MEMTOUCH_READY = re.compile(rb"hk-memtouch: ready threads=\d+ mib=\d+\r?\n")
+MEMTOUCH_GUEST = re.compile(rb"hk-memtouch: guest ctxt=(-?\d+) hyp_irqs=(-?\d+) "
+                            rb"timer_irqs=(-?\d+)\r?\n")
+
+
+def memtouch_cmd(args, go_at_once=False):
+    return "hk-memtouch -t %d -m %d -s %d -P %d%s" % (
+        args.touch_threads, args.touch_mib, args.touch_stride, args.touch_marks,
+        " -g" if go_at_once else "")
+
+
+def parse_memtouch(buf, start):
+    text = bytes(buf[start:])
+    done = MEMTOUCH_DONE.search(text)
+    threads = [{"thread": int(m.group(1)), "seconds": float(m.group(2)),
+                "start_s": float(m.group(3)), "check": m.group(4).decode(),
+                "marks": [float(x) for x in m.group(5).decode().split(",")]}
+               for m in MEMTOUCH_THREAD.finditer(text)]
+    g = MEMTOUCH_GUEST.search(text)
+    guest = ({"ctxt": int(g.group(1)), "apf_ready_irqs": int(g.group(2)),
+              "timer_irqs": int(g.group(3))} if g else None)
+    return done, threads, guest
+
+
+def touch_baseline(args, pair):
+    """The touch without a migration, on the first source (compute time)."""
+    con = pair.src.con
+    start = con.size()
+    t = time.monotonic()
+    con.send(memtouch_cmd(args, go_at_once=True) + "\n")
+    ready = con.wait(MEMTOUCH_READY, start, args.row_timeout)
+    t_ready = time.monotonic()
+    m = con.wait(MEMTOUCH_DONE, start, args.row_timeout)
+    if not m:
+        raise RuntimeError("baseline touch did not finish: " + pair.src.tails())
+    con.wait(PROMPT_RE, m.end(), 30)
+    with con.cond:
+        done, threads, guest = parse_memtouch(con.buf, start)
+    return {"fill_s": round(t_ready - t, 1) if ready else None, "threads": threads,
+            "guest_counters": guest,
+            "max_s": float(done.group(4)), "mean_s": float(done.group(5)),
+            "check": done.group(6).decode()}
+
+
+def touch_row(args, async_pf, background, with_baseline):
+    label = "async PF %s, background %s" % (async_pf, background)
+    rec = {"label": label, "async_pf": async_pf, "background": background, "ok": False}
+    log("touch:", label)
+    pair = None
+    sampler = poller = None
+    try:
+        pair = HkPair(args, "touch-%s-%s" % (async_pf, background), async_pf)
+        if with_baseline:
+            rec["baseline"] = touch_baseline(args, pair)
+            log("  baseline (no migration): max %.2f s" % rec["baseline"]["max_s"])
+        con = pair.src.con
+        start = con.size()
+        t = time.monotonic()
+        con.send(memtouch_cmd(args) + "\n")
+        if not con.wait(MEMTOUCH_READY, start, args.row_timeout):
+            raise RuntimeError("hk-memtouch not ready: " + pair.src.tails())
+        rec["fill_s"] = round(time.monotonic() - t, 1)
+        pair.start_destination()
+        extra = ["--prefetch", str(args.prefetch)]
+        if background == "off":
+            extra.append("--no-background")
+        t_migrate = time.monotonic()
+        pair.migrate("postcopy", extra)
+        pair.wait_dst_phase(("postcopy", "completed"), 120)
+        t_switch = time.monotonic()
+        pair.dst.con.send("go\n")
+        t_go = time.monotonic()
+        sampler = VcpuSampler(pair.dst.proc.pid)
+        poller = ReportPoller(pair.dst_sock, t_go)
+        m = pair.dst.con.wait(MEMTOUCH_DONE, 0, args.row_timeout)
+        t_done = time.monotonic()
+        samples = sampler.stop()
+        series = poller.stop()
+        if not m:
+            raise RuntimeError("the touch did not finish on the destination: "
+                               + pair.dst.tails())
+        with pair.dst.con.cond:
+            done, threads, guest = parse_memtouch(pair.dst.con.buf, 0)
+        report = api_get(pair.dst_sock, "vm.migration") or poller.last
+        src_report = api_get(pair.src_sock, "vm.migration")
+        rec.update({
+            "switch_after_s": round(t_switch - t_migrate, 3),
+            "go_after_switch_s": round(t_go - t_switch, 3),
+            "threads": threads,
+            "guest_counters": guest,
+            "max_s": float(done.group(4)),
+            "mean_s": float(done.group(5)),
+            "check": done.group(6).decode(),
+            "report": trim_report(report),
+            "source_report": trim_report(src_report),
+            "run_fraction_hk": [(x["t_ms"] / 1000.0, x["fraction"])
+                                for x in (report or {}).get("run_fraction", [])],
+            "vcpu_windows": fractions(samples, t_go, 1.0),
+            "report_series": series,
+            "touch_window_s": round(t_done - t_go, 2),
+        })
+        g, c = mean_fraction(samples, t_go, t_done)
+        rec["guest_fraction"], rec["oncpu_fraction"] = g, c
+        rec["run_fraction_hk_mean"] = hk_fraction_mean(rec["run_fraction_hk"], 0,
+                                                       t_done - t_switch)
+        if background == "on":
+            # The push finishes the migration: its total time.
+            try:
+                fin = pair.wait_dst_phase(("completed",), args.row_timeout)
+                rec["total_ms"] = fin.get("total_ms")
+                rec["report"] = trim_report(fin)
+            except RuntimeError as e:
+                rec["total_error"] = str(e)
+        rec["ok"] = rec["check"] == "ok" and len(threads) == args.touch_threads
+        if not rec["ok"]:
+            rec["error"] = "the guest's check of its memory failed (%s)" % rec["check"]
+        f = rec["report"]["faults"] if rec.get("report") else {}
+        log("  threads %s s (max %.2f); guest fraction %s, on-CPU %s, hakoniwa run_fraction "
+            "%s; faults major %s minor %s double %s, vcpu %s async %s" % (
+                ", ".join("%.2f" % t["seconds"] for t in threads), rec["max_s"], g, c,
+                rec["run_fraction_hk_mean"], f.get("major"), f.get("minor"), f.get("double"),
+                f.get("vcpu"), f.get("async_worker")))
+    except Exception as e:  # noqa: BLE001 - a failed row is recorded, the run goes on
+        rec["error"] = str(e)[:3000]
+        log("  FAILED:", rec["error"][:600])
+    finally:
+        for x in (sampler, poller):
+            if x:
+                x.stop()
+        if pair:
+            pair.close()
+    return rec
+
+
+def part_touch(args):
+    rows = []
+    first = True
+    for background in args.touch_background:
+        for async_pf in args.async_pf:
+            rows.append(touch_row(args, async_pf, background, first))
+            first = False
+    return {"rows": rows}
+
+
+# ------------------------------------------------------------------ web ----
+
+SIEGE_LINE = re.compile(r"HTTP/\d\.\d\s+(\d{3})\s+([0-9.]+) secs:\s+(\d+) bytes ==> "
+                        r"(\w+)\s+(\S+)")
+SIEGE_ERROR = re.compile(r"^\[(error|alert|fatal)\]\s*(.*)$")
+GUEST_IP, HOST_IP = "10.214.0.2", "10.214.0.1"
+
+
+def ip(*argv):
+    subprocess.run(["ip", *argv], check=True, stdout=subprocess.DEVNULL)
+
+
+class Bridge:
+    """A bridge with the host's address and a TAP for each side; ageing 0
+    makes it flood: frames reach whichever TAP the guest is behind."""
+
+    def __init__(self, name, taps):
+        self.names = []
+        ip("link", "add", name, "type", "bridge", "ageing_time", "0")
+        self.names.append(name)
+        ip("addr", "add", HOST_IP + "/24", "dev", name)
+        ip("link", "set", name, "up")
+        for tap in taps:
+            ip("tuntap", "add", "dev", tap, "mode", "tap")
+            self.names.append(tap)
+            ip("link", "set", tap, "master", name)
+            ip("link", "set", tap, "up")
+
+    def close(self):
+        for name in reversed(self.names):
+            subprocess.run(["ip", "link", "del", name], stderr=subprocess.DEVNULL)
+
+
+class Siege:
+    """siege under a pty (line-buffered verbose output); each line is
+    timestamped when read."""
+
+    def __init__(self, args, urls_file, seconds):
+        rc = os.path.join(args.work, "siegerc")
+        with open(rc, "w") as f:
+            f.write("\n".join([
+                "verbose = true", "color = off", "quiet = false", "json_output = false",
+                "show-logfile = false", "logging = false", "protocol = HTTP/1.1",
+                "connection = close", "chunked = true", "cache = false",
+                "concurrent = %d" % args.web_clients, "internet = true",
+                "benchmark = true", "parser = false", "limit = 1024",
+                "timeout = 120", "failures = 1000000", "accept-encoding = identity",
+                "delay = 0", ""]))
+        self.argv = [args.siege, "-R", rc, "-c", str(args.web_clients), "-i", "-b",
+                     "-t", "%dS" % seconds, "-f", urls_file]
+        master, slave = pty.openpty()
+        env = dict(os.environ, HOME=args.work)
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=slave,
+                                     stderr=slave, close_fds=True, env=env)
+        os.close(slave)
+        self.master = master
+        self.lines = []  # (t, text)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        pending = b""
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            t = time.monotonic()
+            pending += data
+            *done, pending = pending.split(b"\n")
+            for line in done:
+                self.lines.append((t, line.decode("utf-8", "replace").strip()))
+        if pending:
+            self.lines.append((time.monotonic(), pending.decode("utf-8", "replace").strip()))
+
+    def wait(self, timeout):
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(30)
+        self.thread.join(10)
+        os.close(self.master)
+
+
+def siege_requests(lines, t_ref):
+    """[(arrival s, response s, status)] with times from T_REF, errors, summary."""
+    reqs, errors, summary, other = [], [], {}, []
+    for t, text in lines:
+        m = SIEGE_LINE.search(text)
+        if m:
+            resp = float(m.group(2))
+            reqs.append((round(t - t_ref - resp, 3), resp, int(m.group(1))))
+            continue
+        e = SIEGE_ERROR.match(text)
+        if e:
+            errors.append((round(t - t_ref, 2), text[:200]))
+            continue
+        if ":" in text:
+            k, _, v = text.partition(":")
+            k = k.strip()
+            if k in ("Transactions", "Availability", "Elapsed time", "Response time",
+                     "Transaction rate", "Throughput", "Concurrency",
+                     "Successful transactions", "Failed transactions",
+                     "Longest transaction", "Shortest transaction"):
+                summary[k] = v.strip()
+                continue
+        if text and len(other) < 40:
+            other.append(text[:200])
+    reqs.sort()
+    return reqs, errors, summary, other
+
+
+def binned_means(reqs, width, t_from, t_to):
+    """[(bin start, mean response, count)] by arrival time."""
+    bins = {}
+    for a, r, _ in reqs:
+        if t_from <= a < t_to:
+            bins.setdefault(int((a - t_from) // width), []).append(r)
+    return [(round(t_from + k * width, 2), round(statistics.mean(v), 3), len(v))
+            for k, v in sorted(bins.items())]
+
+
+def window_mean(reqs, t_from, t_to):
+    v = [r for a, r, _ in reqs if t_from <= a < t_to]
+    return (round(statistics.mean(v), 3), len(v)) if v else (None, 0)
+
+
+def web_row(args, async_pf, background, serial):
+    label = "async PF %s, background %s" % (async_pf, background)
+    rec = {"label": label, "async_pf": async_pf, "background": background, "ok": False}
+    log("web:", label)
+    br = pair = siege = sampler = poller = None
+    try:
+        taps = ("hkmw%d-s" % serial, "hkmw%d-d" % serial)
+        br = Bridge("hkmwbr%d" % serial, taps)
+        pair = HkPair(args, "web-%d" % serial, async_pf, src_net=taps[0], dst_net=taps[1])
+        con = pair.src.con
+        out = shell(con, "ip link set eth0 up && ip addr add %s/24 dev eth0 && mkdir -p /www && "
+                    "mount -t tmpfs -o size=%dm tmpfs /www && hk-mkfiles /www %d %d && "
+                    "httpd -p 80 -h /www && free -m | sed -n 2p"
+                    % (GUEST_IP, args.web_tmpfs_mib, args.web_files, args.web_file_kb * 1000),
+                    args.row_timeout)
+        rec["guest_setup"] = out.strip()
+        if "hk-mkfiles: files=%d" % args.web_files not in out:
+            raise RuntimeError("web content not made: %r" % out[-400:])
+        pair.start_destination()
+        urls = os.path.join(args.work, "urls.txt")
+        with open(urls, "w") as f:
+            for i in range(args.web_files):
+                f.write("http://%s/%d.bin\n" % (GUEST_IP, i))
+        # One fetch to see the server answers at all.
+        sub = subprocess.run([sys.executable, "-c", "import urllib.request,sys; "
+                              "sys.stdout.write(str(len(urllib.request.urlopen("
+                              "'http://%s/0.bin', timeout=60).read())))" % GUEST_IP],
+                             capture_output=True, text=True, timeout=90)
+        if sub.stdout.strip() != str(args.web_file_kb * 1000):
+            raise RuntimeError("the guest's httpd does not answer: %s %s" % (
+                sub.stdout, sub.stderr[-300:]))
+        siege = Siege(args, urls, args.web_before + args.web_after)
+        time.sleep(args.web_before)
+        extra = ["--prefetch", str(args.prefetch)]
+        if background == "off":
+            extra.append("--no-background")
+        t_migrate = time.monotonic()
+        pair.migrate("postcopy", extra)
+        pair.wait_dst_phase(("postcopy", "completed"), 120)
+        t_switch = time.monotonic()
+        sampler = VcpuSampler(pair.dst.proc.pid)
+        poller = ReportPoller(pair.dst_sock, t_migrate)
+        siege.wait(args.web_after + 120)
+        samples = sampler.stop()
+        series = poller.stop()
+        report = api_get(pair.dst_sock, "vm.migration") or poller.last
+        reqs, errors, summary, other = siege_requests(siege.lines, t_migrate)
+        t_sw = round(t_switch - t_migrate, 3)
+        before = window_mean(reqs, -args.web_before + 5, 0)
+        peak = max((b for b in binned_means(reqs, 1.0, t_sw, t_sw + 5)), key=lambda x: x[1],
+                   default=(None, None, 0))
+        plus25 = window_mean(reqs, t_sw + 24, t_sw + 26)
+        after_ok = sum(1 for a, r, s in reqs if a > t_sw and s == 200)
+        rec.update({
+            "switch_after_s": t_sw,
+            "siege_argv": siege.argv,
+            "siege_summary": summary,
+            "siege_errors": errors[:50],
+            "siege_error_count": len(errors),
+            "siege_other_lines": other,
+            "requests": reqs,
+            "non_200": sum(1 for _, _, s in reqs if s != 200),
+            "answered_after_switch": after_ok,
+            "mean_before_s": before[0],
+            "mean_before_n": before[1],
+            "peak_1s_mean_after_switch_s": peak[1],
+            "peak_at_s": peak[0],
+            "mean_plus25_s": plus25[0],
+            "mean_plus25_n": plus25[1],
+            "means_100ms": binned_means(reqs, 0.1, -args.web_before, args.web_after + 5),
+            "means_1s": binned_means(reqs, 1.0, -args.web_before, args.web_after + 5),
+            "report": trim_report(report),
+            "run_fraction_hk": [(x["t_ms"] / 1000.0 + t_sw, x["fraction"])
+                                for x in (report or {}).get("run_fraction", [])],
+            "vcpu_windows": fractions(samples, t_migrate, 1.0),
+            "report_series": series,
+        })
+        g, c = mean_fraction(samples, t_switch, t_switch + 30)
+        rec["guest_fraction_30s"], rec["oncpu_fraction_30s"] = g, c
+        rec["run_fraction_hk_30s"] = hk_fraction_mean(
+            [(x["t_ms"] / 1000.0, x["fraction"]) for x in (report or {}).get("run_fraction", [])],
+            0, 30)
+        # The server keeps answering after the switch-over.
+        alive = shell(pair.dst.con, "echo $((6*7))", 60)
+        rec["dst_shell_ok"] = "42" in alive
+        rec["ok"] = after_ok > 0 and rec["dst_shell_ok"]
+        if not rec["ok"]:
+            rec["error"] = "no answer after the switch-over (%d) or the shell is gone" % after_ok
+        log("  %d requests (%d after the switch), mean before %s s, peak 1 s mean after switch "
+            "%s s, +25 s %s s; guest fraction %s" % (
+                len(reqs), after_ok, before[0], peak[1], plus25[0], g))
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = str(e)[:3000]
+        log("  FAILED:", rec["error"][:600])
+        if siege and siege.proc.poll() is None:
+            siege.proc.kill()
+    finally:
+        for x in (sampler, poller):
+            if x:
+                x.stop()
+        if pair:
+            pair.close()
+        if br:
+            br.close()
+    return rec
+
+
+def part_web(args):
+    rows = []
+    serial = 0
+    for background in args.web_background:
+        for async_pf in args.async_pf:
+            serial += 1
+            rows.append(web_row(args, async_pf, background, serial))
+    return {"rows": rows}
+
+
+# ---------------------------------------------------------------- modes ----
+
+DIRTY_DONE = re.compile(rb"hk-memtouch: dirtied pages=(\d+) seconds=([0-9.]+) "
+                        rb"pages_per_s=(\d+)\r?\n")
+DIRTY_READY = re.compile(rb"hk-memtouch: ready dirty mib=\d+\r?\n")
+
+
+def workload_cmd(args, workload):
+    if workload == "idle":
+        return None
+    rate = args.dirty_rate if workload == "dirty" else 0
+    return "hk-memtouch -d -m %d -r %d" % (args.dirty_mib, rate)
+
+
+def start_workload(args, con, workload):
+    cmd = workload_cmd(args, workload)
+    if not cmd:
+        return
+    start = con.size()
+    con.send(cmd + " &\n")
+    if not con.wait(DIRTY_READY, start, args.row_timeout):
+        raise RuntimeError("workload not ready: %r" % con.tail(400))
+    time.sleep(2)  # at its pace
+
+
+def stop_workload(args, con, workload):
+    """Stops the dirtying on the destination (which shows its job table
+    migrated too)."""
+    if workload == "idle":
+        return
+    start = con.size()
+    con.send("kill %1\n")
+    if not con.wait(DIRTY_DONE, start, 60):
+        raise RuntimeError("the dirtying job did not end on the destination: %r"
+                           % con.tail(300))
+
+
+def hk_mode_row(args, workload, mode, serial):
+    rec = {"vmm": "hakoniwa", "workload": workload, "mode": mode, "ok": False}
+    log("modes: hakoniwa %s, %s" % (mode, workload))
+    pair = None
+    try:
+        pair = HkPair(args, "mode-%d" % serial, "on")
+        start_workload(args, pair.src.con, workload)
+        pair.start_destination()
+        t0 = time.monotonic()
+        pair.migrate(mode)
+        src_last = None
+        deadline = t0 + args.row_timeout
+        # The source ends soon after completing: keep its last report.
+        while time.monotonic() < deadline and pair.src.alive():
+            r = api_get(pair.src_sock, "vm.migration", timeout=5)
+            if r:
+                src_last = r
+                if r.get("phase") in ("completed", "failed"):
+                    break
+            time.sleep(0.1)
+        if src_last and src_last.get("phase") == "failed":
+            raise RuntimeError("migration failed: %s" % src_last.get("error"))
+        dst = pair.wait_dst_phase(("completed",), max(10, deadline - time.monotonic()))
+        rec["wall_s"] = round(time.monotonic() - t0, 2)
+        stop_workload(args, pair.dst.con, workload)
+        rounds = [x["dirty_pages_per_s"] for x in (src_last or {}).get("round_log", [])]
+        rec["dirty_pages_per_s_seen"] = round(max(rounds)) if rounds else None
+        alive = shell(pair.dst.con, "echo $((6*7))", 60)
+        if "42" not in alive:
+            raise RuntimeError("the guest's shell does not answer on the destination")
+        rec.update({
+            "downtime_ms": dst.get("downtime_ms"),
+            "total_ms": dst.get("total_ms"),
+            "source_total_ms": (src_last or {}).get("total_ms"),
+            "source_downtime_ms": (src_last or {}).get("source_downtime_ms"),
+            "bytes": (src_last or dst).get("bytes"),
+            "rounds": (src_last or {}).get("rounds"),
+            "switch_reason": (src_last or {}).get("switch_reason"),
+            "pages": dst.get("pages"),
+            "faults": dst.get("faults"),
+            "report": trim_report(dst),
+            "source_report": trim_report(src_last),
+        })
+        rec["ok"] = True
+        log("  downtime %.0f ms, total %.2f s, %.0f MiB sent, %s rounds%s" % (
+            rec["downtime_ms"] or -1, (rec["total_ms"] or 0) / 1000,
+            (rec["bytes"] or 0) / MIB, rec["rounds"],
+            (", switched: " + rec["switch_reason"]) if rec["switch_reason"] else ""))
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = str(e)[:3000]
+        log("  FAILED:", rec["error"][:600])
+    finally:
+        if pair:
+            pair.close()
+    return rec
+
+
+class Qmp:
+    def __init__(self, path, timeout=60):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.connect(path)
+                break
+            except OSError:
+                self.sock.close()
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no QMP socket at %s" % path)
+                time.sleep(0.1)
+        self.sock.settimeout(timeout)
+        self.file = self.sock.makefile("rb")
+        self.events = []
+        json.loads(self.file.readline())  # greeting
+        self.cmd("qmp_capabilities")
+
+    def cmd(self, name, **arguments):
+        msg = {"execute": name}
+        if arguments:
+            msg["arguments"] = arguments
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+        while True:
+            line = self.file.readline()
+            if not line:
+                raise RuntimeError("QMP closed during %s" % name)
+            r = json.loads(line)
+            if "event" in r:
+                self.events.append(r)
+                continue
+            if "error" in r:
+                raise RuntimeError("QMP %s: %s" % (name, r["error"].get("desc")))
+            return r.get("return")
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def qemu_argv(args, qmp, incoming=False):
+    argv = [args.qemu, "-M", "pc", "-enable-kvm", "-cpu", "host", "-smp", str(args.cpus),
+            "-m", str(args.memory_mib), "-nodefaults", "-no-user-config", "-display", "none",
+            "-serial", "stdio", "-kernel", args.kernel_copy, "-initrd", args.initrd_copy,
+            "-append", CMDLINE, "-qmp", "unix:%s,server=on,wait=off" % qmp]
+    if incoming:
+        argv += ["-incoming", "defer"]
+    return argv
+
+
+def qemu_mode_row(args, workload, mode, serial):
+    rec = {"vmm": "qemu", "workload": workload, "mode": mode, "ok": False}
+    log("modes: QEMU %s, %s" % (mode, workload))
+    src = dst = qs = qd = None
+    try:
+        sq = os.path.join(args.work, "q%d-src.qmp" % serial)
+        dq = os.path.join(args.work, "q%d-dst.qmp" % serial)
+        src = Proc(qemu_argv(args, sq), "QEMU source")
+        if not src.con.wait(PROMPT_RE, 0, args.boot_timeout):
+            raise RuntimeError("no guest prompt: " + src.tails())
+        start_workload(args, src.con, workload)
+        dst = Proc(qemu_argv(args, dq, incoming=True), "QEMU destination")
+        qs, qd = Qmp(sq), Qmp(dq)
+        post = mode in ("postcopy", "hybrid")
+        port = free_port()
+        caps = [{"capability": "postcopy-ram", "state": True}] if post else []
+        if post:
+            qd.cmd("migrate-set-capabilities",
+                   capabilities=caps + [{"capability": "postcopy-blocktime", "state": True}])
+            qs.cmd("migrate-set-capabilities", capabilities=caps)
+        qd.cmd("migrate-incoming", uri="tcp:127.0.0.1:%d" % port)
+        # No bandwidth cap (QEMU's default is 128 MiB/s; hakoniwa has none);
+        # the downtime limit is both VMMs' default, 300 ms.
+        qs.cmd("migrate-set-parameters", **{"max-bandwidth": 100 << 30,
+                                            "downtime-limit": 300})
+        t0 = time.monotonic()
+        qs.cmd("migrate", uri="tcp:127.0.0.1:%d" % port)
+        started_post = None
+        if mode == "postcopy":
+            qs.cmd("migrate-start-postcopy")
+            started_post = 0.0
+        deadline = t0 + (args.qemu_precopy_timeout if mode == "precopy" else args.row_timeout)
+        info = {}
+        seen = []
+        while True:
+            info = qs.cmd("query-migrate")
+            st = info.get("status")
+            if info.get("ram", {}).get("dirty-pages-rate"):
+                seen.append(info["ram"]["dirty-pages-rate"])
+            if st in ("completed", "failed", "cancelled"):
+                break
+            if (mode == "hybrid" and started_post is None
+                    and info.get("ram", {}).get("dirty-sync-count", 0) >= 2):
+                qs.cmd("migrate-start-postcopy")
+                started_post = round(time.monotonic() - t0, 2)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if info.get("status") not in ("completed", "failed", "cancelled"):
+            # Precopy that does not converge: QEMU would go on for ever (it
+            # has no round limit). A result, not a failure of the run.
+            ram = info.get("ram", {})
+            rec.update({"converged": False, "timed_out_s": round(time.monotonic() - t0, 1),
+                        "dirty_pages_per_s_seen": max(seen) if seen else None,
+                        "bytes": ram.get("transferred"), "rounds": ram.get("dirty-sync-count"),
+                        "downtime_ms": None, "total_ms": None, "info": info})
+            qs.cmd("migrate_cancel")
+            rec["ok"] = True
+            log("  did not converge in %.0f s (%d dirty syncs, %.0f MiB sent): cancelled" % (
+                rec["timed_out_s"], rec["rounds"] or 0, (rec["bytes"] or 0) / MIB))
+            return rec
+        rec["wall_s"] = round(time.monotonic() - t0, 2)
+        rec["dirty_pages_per_s_seen"] = max(seen) if seen else None
+        if info.get("status") != "completed":
+            raise RuntimeError("QEMU migration %s: %s" % (info.get("status"),
+                                                           info.get("error-desc")))
+        dinfo = {}
+        try:
+            dinfo = qd.cmd("query-migrate")
+        except RuntimeError:
+            pass
+        try:
+            qs.cmd("quit")
+        except (RuntimeError, OSError):
+            pass  # it went before answering
+        stop_workload(args, dst.con, workload)
+        alive = shell(dst.con, "echo $((6*7))", 60)
+        if "42" not in alive:
+            raise RuntimeError("the guest's shell does not answer on the destination")
+        ram = info.get("ram", {})
+        rec.update({
+            "downtime_ms": info.get("downtime"),
+            "total_ms": info.get("total-time"),
+            "setup_ms": info.get("setup-time"),
+            "bytes": ram.get("transferred"),
+            "rounds": ram.get("dirty-sync-count"),
+            "postcopy_started_s": started_post,
+            "postcopy_requests": ram.get("postcopy-requests"),
+            "postcopy_blocktime_ms": dinfo.get("postcopy-blocktime"),
+            "info": info,
+            "destination_info": dinfo,
+        })
+        rec["ok"] = True
+        log("  downtime %s ms, total %.2f s, %.0f MiB sent, %s dirty syncs" % (
+            rec["downtime_ms"], (rec["total_ms"] or 0) / 1000, (rec["bytes"] or 0) / MIB,
+            rec["rounds"]))
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = str(e)[:3000]
+        log("  FAILED:", rec["error"][:600])
+    finally:
+        for q in (qs, qd):
+            if q:
+                q.close()
+        for p in (src, dst):
+            if p:
+                p.kill()
+    return rec
+
+
+def measure_link(args):
+    """TCP over L1's loopback, one stream, --link-mib MiB in 1 MiB writes."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    got = [0]
+
+    def sink():
+        c, _ = srv.accept()
+        buf = bytearray(MIB)
+        while True:
+            n = c.recv_into(buf)
+            if not n:
+                break
+            got[0] += n
+        c.close()
+
+    th = threading.Thread(target=sink, daemon=True)
+    th.start()
+    c = socket.create_connection(("127.0.0.1", port))
+    data = os.urandom(MIB)
+    t = time.monotonic()
+    for _ in range(args.link_mib):
+        c.sendall(data)
+    c.shutdown(socket.SHUT_WR)
+    th.join()
+    secs = time.monotonic() - t
+    c.close()
+    srv.close()
+    return {"mib": args.link_mib, "seconds": round(secs, 3),
+            "mib_per_s": round(got[0] / MIB / secs, 1)}
+
+
+def part_modes(args, link):
+    rows = []
+    serial = 0
+    for workload in args.workloads:
+        for vmm in args.vmms:
+            for mode in (HK_MODES if vmm == "hakoniwa" else QEMU_MODES):
+                serial += 1
+                if vmm == "hakoniwa":
+                    rows.append(hk_mode_row(args, workload, mode, serial))
+                else:
+                    rows.append(qemu_mode_row(args, workload, mode, serial))
+    return {"rows": rows, "ram_over_link_s": round(args.memory_mib / link["mib_per_s"], 2),
+            "dirty_rate_pages_per_s": args.dirty_rate,
+            "dirty_mib": args.dirty_mib}
+
+
+# ----------------------------------------------------------- environment --
+
+def environment(args):
+    manifest = guest_manifest(args.kernel)
+    rig, kind, where, note = placement(RIG_NOTE, "figures")
+    return {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "where": where,
+        "note": note,
+        "kvm": kind,
+        "host_kernel": platform.release(),
+        "cpu_model": cpu_model(),
+        "cpus": os.cpu_count(),
+        "memory_mib_l1": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MIB,
+        "python": platform.python_version(),
+        "hakoniwa_version": first_line([args.hakoniwa, "--version"]),
+        "hakoniwa_binary_sha256": sha256_file(args.hakoniwa),
+        "qemu_version": first_line([args.qemu, "--version"]) if args.qemu_path else None,
+        "siege_version": first_line([args.siege, "--version"]) if args.siege_path else None,
+        "guest_kernel": os.path.relpath(args.kernel, ROOT),
+        "guest_kernel_version": bzimage_version(args.kernel),
+        "guest_kernel_package": manifest.get("kernel-package"),
+        "guest_initramfs": os.path.relpath(args.initramfs, ROOT),
+        "guest_initramfs_sha256": sha256_file(args.initramfs),
+        "guest_busybox": manifest.get("busybox-static"),
+        "guest_cmdline": CMDLINE,
+        "other_rigs_at_start": os.environ.get("HK_BENCH_OTHER_RIGS"),
+        "git_commit": first_line(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]),
+        # The tree is shared: say what the binary was built with beyond HEAD.
+        "git_uncommitted": subprocess.run(
+            ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True).stdout.splitlines()[:20],
+        "vcpus": args.cpus,
+        "memory_mib": args.memory_mib,
+    }
+
+
+# -------------------------------------------------------------- reading ----
+
+def num(v, fmt="%.2f"):
+    return "-" if v is None else fmt % v
+
+
+def touch_rows(result):
+    return (result.get("touch") or {}).get("rows", [])
+
+
+def find_touch(result, apf, bg):
+    for r in touch_rows(result):
+        if r["async_pf"] == apf and r["background"] == bg and r.get("ok"):
+            return r
+    return None
+
+
+def touch_table(result):
+    rows = [["row", "threads' times (s)", "max s", "vs off", "paper s",
+             "guest-mode fraction", "on-CPU", "hakoniwa run_fraction",
+             "guest: task switches / async-PF ready irqs / timer irqs", "switch-over s",
+             "total s"]]
+    for r in touch_rows(result):
+        if not r.get("ok"):
+            rows.append([r["label"], "failed: " + r.get("error", "")[:80]] + [""] * 9)
+            continue
+        gc = r.get("guest_counters") or {}
+        counters = "%s / %s / %s" % (gc.get("ctxt", "-"),
+                                     gc.get("apf_ready_irqs") if gc.get("apf_ready_irqs", -1)
+                                     >= 0 else "none", gc.get("timer_irqs", "-"))
+        off = find_touch(result, "off", r["background"])
+        cut = ("%+.0f %%" % (100 * (r["max_s"] / off["max_s"] - 1))
+               if off and r["async_pf"] == "on" else "")
+        paper = "%.1f" % PAPER["touch_s"][r["async_pf"]] if r["background"] == "off" else "-"
+        rows.append([r["label"], ", ".join("%.1f" % t["seconds"] for t in r["threads"]),
+                     "%.1f" % r["max_s"], cut, paper,
+                     "%s (paper %.2f)" % (num(r.get("guest_fraction")),
+                                          PAPER["run_fraction"][r["async_pf"]]),
+                     num(r.get("oncpu_fraction")), num(r.get("run_fraction_hk_mean")),
+                     counters, num(r.get("switch_after_s")),
+                     num((r.get("total_ms") or 0) / 1000 if r.get("total_ms") else None, "%.1f")])
+    base = next((r["baseline"] for r in touch_rows(result) if r.get("baseline")), None)
+    if base:
+        rows.append(["no migration (compute only)",
+                     ", ".join("%.1f" % t["seconds"] for t in base["threads"]),
+                     "%.1f" % base["max_s"], "", "-", "", "", "", "", "", ""])
+    return rows
+
+
+def fault_table(result):
+    rows = [["row", "major", "minor", "double", "by vCPU", "by async worker", "by VMM",
+             "requests", "demand pages", "prefetch pages", "background pages",
+             "mean latency ms", "max latency ms"]]
+    for r in touch_rows(result) + web_rows(result):
+        rep = r.get("report")
+        if not r.get("ok") or not rep:
+            continue
+        f, p, lat = rep["faults"], rep["pages"], rep["fault_latency"]
+        n = sum(lat["counts"])
+        part = "4.1" if r in touch_rows(result) else "4.2"
+        rows.append(["%s %s" % (part, r["label"]), f["major"], f["minor"], f["double"], f["vcpu"],
+                     f["async_worker"], f["vmm"], rep["requests"], p["demand"], p["prefetch"],
+                     p["background"], num(lat["total_us"] / n / 1000 if n else None),
+                     num(lat["max_us"] / 1000, "%.1f")])
+    return rows
+
+
+def latency_table(result):
+    rows = None
+    for r in touch_rows(result) + web_rows(result):
+        rep = r.get("report")
+        if not r.get("ok") or not rep:
+            continue
+        lat = rep["fault_latency"]
+        if rows is None:
+            b = lat["bounds_us"]
+            rows = [["row"] + ["<= %s" % fmt_us(x) for x in b] + ["> %s" % fmt_us(b[-1])]]
+        part = "4.1" if r in touch_rows(result) else "4.2"
+        rows.append(["%s %s" % (part, r["label"])] + [str(c) for c in lat["counts"]])
+    return rows
+
+
+def fmt_us(us):
+    return "%g ms" % (us / 1000) if us >= 1000 else "%d us" % us
+
+
+def web_rows(result):
+    return (result.get("web") or {}).get("rows", [])
+
+
+def web_table(result):
+    rows = [["row", "requests (after switch)", "mean before s (paper 0.25)",
+             "peak 1 s mean after switch s", "paper", "mean at +25 s", "paper +25 s",
+             "guest-mode fraction, 30 s after switch", "failed / non-200"]]
+    for r in web_rows(result):
+        if not r.get("ok"):
+            rows.append([r["label"], "failed: " + r.get("error", "")[:80]] + [""] * 7)
+            continue
+        apf = r["async_pf"]
+        rows.append([r["label"], "%d (%d)" % (len(r["requests"]), r["answered_after_switch"]),
+                     num(r["mean_before_s"]), num(r["peak_1s_mean_after_switch_s"]),
+                     "%.1f" % PAPER["web_switch_s"][apf], num(r["mean_plus25_s"]),
+                     ("< %.1f" if apf == "on" else "%.2f") % PAPER["web_plus25_s"][apf],
+                     num(r.get("guest_fraction_30s")),
+                     "%d / %d" % (r["siege_error_count"], r["non_200"])])
+    return rows
+
+
+def modes_table(result):
+    modes = result.get("modes") or {}
+    rows = [["workload", "VMM", "mode", "downtime ms", "total s", "MiB sent", "rounds / syncs",
+             "note"]]
+    for r in modes.get("rows", []):
+        if not r.get("ok"):
+            rows.append([r["workload"], r["vmm"], r["mode"], "-", "-", "-", "-",
+                         "failed: " + r.get("error", "")[:120]])
+            continue
+        if r.get("converged") is False:
+            rows.append([r["workload"], r["vmm"], r["mode"], "-", "-",
+                         num((r["bytes"] or 0) / MIB, "%.0f"), str(r.get("rounds")),
+                         "did not converge: cancelled after %s s" % r.get("timed_out_s")])
+            continue
+        note = r.get("switch_reason") or ""
+        if r["vmm"] == "qemu" and r["mode"] == "hybrid":
+            note = ("migrate-start-postcopy at %s s (after the first pass)"
+                    % r["postcopy_started_s"] if r.get("postcopy_started_s") is not None
+                    else "precopy converged before the first pass ended: no postcopy")
+        if r.get("postcopy_blocktime_ms") is not None:
+            note += "%svCPUs blocked %s ms in postcopy" % ("; " if note else "",
+                                                         r["postcopy_blocktime_ms"])
+        if r.get("dirty_pages_per_s_seen"):
+            note += "%sdirty rate seen by the VMM up to %d pages/s" % (
+                "; " if note else "", r["dirty_pages_per_s_seen"])
+        rows.append([r["workload"], r["vmm"], r["mode"], num(r["downtime_ms"], "%.0f"),
+                     num((r["total_ms"] or 0) / 1000), num((r["bytes"] or 0) / MIB, "%.0f"),
+                     str(r.get("rounds")), note])
+    return rows
+
+
+def write_md(path, result):
+    env = result["environment"]
+    a = result["parameters"]
+    link = result.get("link") or {}
+    L = ["# Live migration benchmark (seed 003)", ""]
+    L.append("Generated by `%s` on %s (%s), %.0f min." % (
+        result["command"], env["date_utc"], env["where"], result["total_s"] / 60))
+    L.append("")
+    L.append("**Context: %s.** The paper ran source and destination on two hosts over "
+             "10GbE (150 us ping); here both hakoniwa processes, the loopback link and the "
+             "clients share one L1 with 2 vCPUs under TCG, so a page request costs "
+             "milliseconds, not hundreds of microseconds." % env["note"])
+    L.append("")
+    L.append("Guest: %s, busybox initramfs `%s`, %d vCPU, %d MiB (the paper's VM: 1 vCPU, "
+             "1 GB). Postcopy with `--prefetch %d` (the paper's +-8). Link: TCP over L1's "
+             "loopback, %s MiB/s measured with one stream before the runs (RAM / link = "
+             "%s s)." % (env["guest_kernel_package"] or env["guest_kernel_version"],
+                         env["guest_initramfs"], env["vcpus"], env["memory_mib"],
+                         a["prefetch"], link.get("mib_per_s"),
+                         (result.get("modes") or {}).get("ram_over_link_s",
+                                                         num(a["memory_mib"] /
+                                                             link["mib_per_s"])
+                                                         if link.get("mib_per_s") else "-")))
+    L.append("")
+    if touch_rows(result):
+        L.append("## 4.1: %d threads touching %d MiB each after the switch-over" % (
+            a["touch_threads"], a["touch_mib"]))
+        L.append("")
+        L.append("`%s` in the guest; each thread's time from the go line (typed on the "
+                 "destination's console as soon as its `vm.migration` said postcopy) to its "
+                 "last byte. The paper: 9.8 s with its mechanism, 17.6 s without (-44 %%), "
+                 "no background transfer. *guest-mode fraction*: the destination's vCPU "
+                 "thread's guest time (L1's accounting, the paper's VMX non-root time) per "
+                 "wall second while the threads ran; paper 0.55 on / 0.38 off. *on-CPU*: the "
+                 "same thread's CPU time (guest + exits). *hakoniwa run_fraction*: the "
+                 "report's 1 - (vCPU waiting for pages) per 100 ms, averaged over the same "
+                 "time." % result["touch"].get("command", "hk-memtouch"))
+        L.append("")
+        L.append(md_table(touch_table(result)))
+        L.append("")
+    if web_rows(result):
+        w = result["web"]
+        L.append("## 4.2: web server under 128 clients across a postcopy migration")
+        L.append("")
+        L.append("busybox httpd in the guest (one process per connection, like the "
+                 "paper's Apache prefork) serving %d files of %d KB of pseudo-random bytes "
+                 "from a %d MiB tmpfs (the paper: 5000 x 100 KB from the page cache of a "
+                 "1 GB VM); `%s` from L1, %d clients, random order, no delay. Migration "
+                 "starts %d s into the run; the switch-over is when the destination reports "
+                 "postcopy. Response times are siege's, placed at their arrival time "
+                 "(the harness's read time of siege's line minus the response time)." % (
+                     a["web_files"], a["web_file_kb"], a["web_tmpfs_mib"],
+                     " ".join(w.get("siege_argv", ["siege"])[:1] + ["-c", str(a["web_clients"]),
+                                                                  "-i", "-b"]),
+                     a["web_clients"], a["web_before"]))
+        L.append("")
+        L.append(md_table(web_table(result)))
+        L.append("")
+    if touch_rows(result) or web_rows(result):
+        L.append("## Faults (the destination's report)")
+        L.append("")
+        L.append("major: fetched over the link; minor: the page had arrived by the time the "
+                 "fault was read; double: a fault on a page already requested. By vCPU: the "
+                 "vCPU thread itself waited; by async worker: KVM's async-PF worker waited "
+                 "(with async PF on, the guest ran another task meanwhile; with it off, KVM "
+                 "held the vCPU in an artificial halt that only interrupts break: "
+                 "docs/migration.md); by VMM: one of hakoniwa's own threads waited (virtio "
+                 "devices reading or writing guest buffers), which async PF cannot help. "
+                 "Latency: request to arrival of major faults (paper: hundreds of us for a "
+                 "major fault over GbE, a few us for a minor one).")
+        L.append("")
+        L.append(md_table(fault_table(result)))
+        L.append("")
+        lt = latency_table(result)
+        if lt:
+            L.append("Fault latency histogram (major faults per bucket):")
+            L.append("")
+            L.append(md_table(lt))
+            L.append("")
+    if (result.get("modes") or {}).get("rows"):
+        m = result["modes"]
+        L.append("## Precopy, postcopy, hybrid: hakoniwa and QEMU")
+        L.append("")
+        L.append("Same guest, same kernel and initramfs under both VMMs (QEMU: `-M pc "
+                 "-enable-kvm -cpu host`, no devices). Workloads: *idle* (a shell); *dirty*: "
+                 "`hk-memtouch -d -m %d -r %d` (one byte in each page of %d MiB, %d pages/s "
+                 "= %.0f MiB/s); *heavy*: the same as fast as the guest can. Downtime and "
+                 "total time are each VMM's own: hakoniwa's destination report "
+                 "(`downtime_ms`: source stop to destination running; `total_ms`: start "
+                 "to the last page), QEMU's `query-migrate` on the source (`downtime`, "
+                 "`total-time`). QEMU runs without a bandwidth cap (max-bandwidth raised; "
+                 "its default is 128 MiB/s) and with its default 300 ms downtime limit "
+                 "(hakoniwa's default too); QEMU precopy gets %d s before it is cancelled "
+                 "(it has no round limit; hakoniwa stops after 30 rounds). QEMU has no "
+                 "automatic hybrid: its *hybrid* row is precopy with `postcopy-ram` and "
+                 "`migrate-start-postcopy` once the first pass is done. RAM / link = %s s." % (
+                     a["dirty_mib"], a["dirty_rate"], a["dirty_mib"], a["dirty_rate"],
+                     a["dirty_rate"] * 4096 / MIB, a["qemu_precopy_timeout"],
+                     m.get("ram_over_link_s")))
+        L.append("")
+        L.append(md_table(modes_table(result)))
+        L.append("")
+    text = reading(result)
+    if text:
+        L.append("## Reading")
+        L.append("")
+        L.extend(text)
+        L.append("")
+    L.append("![figure](migration.png)")
+    L.append("")
+    L.append("## Environment")
+    L.append("")
+    for k, val in env.items():
+        L.append("- %s: %s" % (k, val))
+    L.append("- parameters: %s" % ", ".join("%s=%s" % kv for kv in sorted(a.items())))
+    L.append("")
+    failed = [r for part in ("touch", "web", "modes") for r in (result.get(part) or {}).get(
+        "rows", []) if not r.get("ok")]
+    if failed:
+        L.append("## Failed rows")
+        L.append("")
+        for r in failed:
+            L.append("- %s: %s" % (r.get("label") or "%s %s %s" % (
+                r.get("vmm"), r.get("mode"), r.get("workload")), r.get("error")))
+        L.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(L))
+
+
+def reading(result):
+    """Sentences derived from the numbers (no hand-written figures)."""
+    out = []
+    on, off = find_touch(result, "on", "off"), find_touch(result, "off", "off")
+    if on and off:
+        out.append("- 4.1, paper's setting (no background push): with async page faults the "
+                   "slowest thread took %.1f s, without %.1f s (%+.0f %%; paper 9.8 vs 17.6 s, "
+                   "-44 %%). The guest spent %s of each second in guest mode with them and %s "
+                   "without (paper 0.55 vs 0.38)." % (
+                       on["max_s"], off["max_s"], 100 * (on["max_s"] / off["max_s"] - 1),
+                       num(on.get("guest_fraction")), num(off.get("guest_fraction"))))
+        fo, ff = on["report"]["faults"], off["report"]["faults"]
+        out.append("- With async PF on, %d of %d faults were taken by KVM's async worker (the "
+                   "guest ran another thread meanwhile) and %d by the vCPU itself; with it "
+                   "off, %d by the vCPU. Major faults: %d on, %d off." % (
+                       fo["async_worker"], fo["async_worker"] + fo["vcpu"] + fo["vmm"],
+                       fo["vcpu"], ff["vcpu"], fo["major"], ff["major"]))
+    bon, boff = find_touch(result, "on", "on"), find_touch(result, "off", "on")
+    if bon and boff:
+        out.append("- With the background push (hakoniwa's default), %.1f s on vs %.1f s off "
+                   "(%+.0f %%)." % (bon["max_s"], boff["max_s"],
+                                    100 * (bon["max_s"] / boff["max_s"] - 1)))
+    wr = {(r["async_pf"], r["background"]): r for r in web_rows(result) if r.get("ok")}
+    for bg in ("off", "on"):
+        a, b = wr.get(("on", bg)), wr.get(("off", bg))
+        if a and b:
+            out.append("- 4.2, background %s: peak 1 s mean response after the switch-over %s s "
+                       "with async PF, %s s without (paper 1.3 vs 1.8 s); at +25 s %s vs %s s "
+                       "(paper < 0.5 vs 0.75); before the migration %s / %s s (paper 0.25)." % (
+                           bg, num(a["peak_1s_mean_after_switch_s"]),
+                           num(b["peak_1s_mean_after_switch_s"]), num(a["mean_plus25_s"]),
+                           num(b["mean_plus25_s"]), num(a["mean_before_s"]),
+                           num(b["mean_before_s"])))
+    return out
+
+
+# ----------------------------------------------------------------- plot ----
+
+def plot(path, result):
+    os.environ.setdefault("MPLCONFIGDIR", os.path.join(ROOT, "build/pyenv/mplconfig"))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(3, 2, figsize=(15, 14))
+    ax = axes.flat
+    colors = {("on", "off"): "C0", ("off", "off"): "C3", ("on", "on"): "C2",
+              ("off", "on"): "C1"}
+
+    # (a) 4.1 progress of each thread.
+    for r in touch_rows(result):
+        if not r.get("ok"):
+            continue
+        c = colors[(r["async_pf"], r["background"])]
+        for i, t in enumerate(r["threads"]):
+            n = len(t["marks"])
+            ax[0].plot([0] + t["marks"], [0] + [(k + 1) / n for k in range(n)], color=c,
+                       lw=1, label=r["label"] if i == 0 else None)
+    for apf, ls in (("on", ":"), ("off", "--")):
+        ax[0].axvline(PAPER["touch_s"][apf], color="k", ls=ls, lw=0.8,
+                      label="paper, async PF %s (%.1f s)" % (apf, PAPER["touch_s"][apf]))
+    ax[0].set_xlabel("seconds since the go line (switch-over)")
+    ax[0].set_ylabel("fraction of its 200 MB read")
+    ax[0].set_title("4.1: each of 4 threads touching 200 MB")
+    ax[0].legend(fontsize=7)
+
+    # (b) 4.1 guest-mode fraction over time.
+    for r in touch_rows(result):
+        if not r.get("ok"):
+            continue
+        c = colors[(r["async_pf"], r["background"])]
+        w = r["vcpu_windows"]
+        ax[1].plot([x[0] for x in w], [x[1] for x in w], color=c, lw=1.2,
+                   label="%s: guest mode" % r["label"])
+        h = r["run_fraction_hk"]
+        ax[1].plot([x[0] for x in h], [x[1] for x in h], color=c, lw=0.5, ls=":", alpha=0.7)
+    for apf in ("on", "off"):
+        ax[1].axhline(PAPER["run_fraction"][apf], color="k", lw=0.8,
+                      ls=":" if apf == "on" else "--",
+                      label="paper, async PF %s (%.2f)" % (apf, PAPER["run_fraction"][apf]))
+    ax[1].set_ylim(0, 1.05)
+    ax[1].set_xlabel("seconds since the go line")
+    ax[1].set_ylabel("fraction of wall time (1 s windows)")
+    ax[1].set_title("4.1: destination vCPU in guest mode (solid); hakoniwa run_fraction "
+                    "(dotted)", fontsize=9)
+    ax[1].legend(fontsize=7)
+
+    # (c, d) 4.2 response times, async PF on / off (paper figs 6, 7).
+    for k, apf in enumerate(("on", "off")):
+        a = ax[2 + k]
+        for r in web_rows(result):
+            if not r.get("ok") or r["async_pf"] != apf:
+                continue
+            c = colors[(apf, r["background"])]
+            reqs = r["requests"]
+            a.scatter([q[0] for q in reqs], [q[1] for q in reqs], s=1, color=c, alpha=0.25)
+            m = r["means_1s"]
+            a.plot([x[0] + 0.5 for x in m], [x[1] for x in m], color=c, lw=1.5,
+                   label="background %s: 1 s mean" % r["background"])
+            a.axvline(r["switch_after_s"], color=c, lw=0.8, ls="--")
+        a.axhline(PAPER["web_switch_s"][apf], color="k", lw=0.6, ls="--",
+                  label="paper at switch-over (%.1f s)" % PAPER["web_switch_s"][apf])
+        a.axhline(PAPER["web_plus25_s"][apf], color="k", lw=0.6, ls=":",
+                  label="paper at +25 s (%.2f s)" % PAPER["web_plus25_s"][apf])
+        tops = [x[1] for r in web_rows(result) if r.get("ok") and r["async_pf"] == apf
+                for x in r["means_1s"]]
+        if tops:
+            # Single requests stuck in TCP retransmission reach tens of
+            # seconds; the means are what the figure is about.
+            a.set_ylim(0, max(2.5, 1.5 * max(tops)))
+        a.set_xlabel("request arrival, s from the migration command")
+        a.set_ylabel("response time, s")
+        a.set_title("4.2: async PF %s (paper fig. %d)" % (apf, 6 if apf == "on" else 7))
+        a.legend(fontsize=7)
+
+    # (e) 4.2 guest-mode fraction (paper figs 8, 9).
+    for r in web_rows(result):
+        if not r.get("ok"):
+            continue
+        c = colors[(r["async_pf"], r["background"])]
+        w = r["vcpu_windows"]
+        ax[4].plot([x[0] for x in w], [x[1] for x in w], color=c, lw=1.2, label=r["label"])
+    ax[4].set_ylim(0, 1.05)
+    ax[4].set_xlabel("s from the migration command")
+    ax[4].set_ylabel("destination vCPU in guest mode (1 s windows)")
+    ax[4].set_title("4.2: guest run-time fraction (paper figs. 8, 9)")
+    if web_rows(result):
+        ax[4].legend(fontsize=7)
+
+    # (f) modes: downtime and total time.
+    mrows = [r for r in (result.get("modes") or {}).get("rows", [])]
+    if mrows:
+        labels = ["%s\n%s\n%s" % (r["workload"], "hk" if r["vmm"] == "hakoniwa" else "QEMU",
+                                  r["mode"]) for r in mrows]
+        x = list(range(len(mrows)))
+        tot = [(r.get("total_ms") or 0) / 1000 if r.get("ok") else 0 for r in mrows]
+        down = [(r.get("downtime_ms") or 0) / 1000 if r.get("ok") else 0 for r in mrows]
+        col = ["C0" if r["vmm"] == "hakoniwa" else "C1" for r in mrows]
+        ax[5].bar([i - 0.2 for i in x], tot, 0.4, color=col, label="total time")
+        ax[5].bar([i + 0.2 for i in x], down, 0.4, color=col, alpha=0.5, hatch="//",
+                  label="downtime")
+        for i, r in enumerate(mrows):
+            if not r.get("ok"):
+                ax[5].text(i, 0.05, "failed", ha="center", color="r", fontsize=6, rotation=90)
+            elif r.get("converged") is False:
+                ax[5].text(i, 0.05, "no convergence", ha="center", color="r", fontsize=6,
+                           rotation=90)
+        lim = (result.get("modes") or {}).get("ram_over_link_s")
+        if lim:
+            ax[5].axhline(lim, color="k", lw=0.8, ls="--", label="RAM / link (%.1f s)" % lim)
+        ax[5].set_xticks(x, labels, fontsize=6)
+        ax[5].set_yscale("symlog", linthresh=0.1)
+        ax[5].set_ylabel("seconds (blue hakoniwa, orange QEMU)")
+        ax[5].set_title("precopy / postcopy / hybrid: total (solid) and downtime (hatched)")
+        ax[5].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------- main ----
+
+def parse_list(text, allowed, what):
+    items = [x for x in text.split(",") if x]
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise SystemExit("migration.py: bad %s '%s' (one or more of %s, comma-separated)"
+                         % (what, text, ",".join(allowed)))
+    return items
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help="touch, web, modes, comma-separated (default all)")
+    p.add_argument("--async-pf", default="on,off", help="rows of touch and web (default on,off)")
+    p.add_argument("--touch-background", default="off,on",
+                   help="background push in the touch rows (default off,on; off is the "
+                        "paper's setting)")
+    p.add_argument("--web-background", default="off",
+                   help="background push in the web rows (default off, the paper's)")
+    p.add_argument("--cpus", type=int, default=1)
+    p.add_argument("--memory-mib", type=int, default=1024)
+    p.add_argument("--prefetch", type=int, default=8)
+    p.add_argument("--touch-threads", type=int, default=4)
+    p.add_argument("--touch-mib", type=int, default=200)
+    p.add_argument("--touch-stride", type=int, default=1)
+    p.add_argument("--touch-marks", type=int, default=40)
+    p.add_argument("--web-files", type=int, default=5000)
+    p.add_argument("--web-file-kb", type=int, default=100)
+    p.add_argument("--web-tmpfs-mib", type=int, default=640)
+    p.add_argument("--web-clients", type=int, default=128)
+    p.add_argument("--web-before", type=int, default=20,
+                   help="seconds of load before the migration (default 20)")
+    p.add_argument("--web-after", type=int, default=45,
+                   help="seconds of load after it (default 45)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--vmms", default="hakoniwa,qemu")
+    p.add_argument("--dirty-mib", type=int, default=256)
+    p.add_argument("--dirty-rate", type=int, default=6400,
+                   help="the dirty workload's pages/s (default 6400: 25 MiB/s, about a "
+                        "quarter of what the VMMs move per second in the rig)")
+    p.add_argument("--link-mib", type=int, default=1024)
+    p.add_argument("--qemu-precopy-timeout", type=float, default=120)
+    p.add_argument("--row-timeout", type=float, default=900)
+    p.add_argument("--boot-timeout", type=float, default=180)
+    p.add_argument("--kernel", default=os.path.join(ROOT, "build/guest/vmlinuz"))
+    p.add_argument("--initramfs", default=os.path.join(ROOT, "build/guest/initramfs.cpio.gz"))
+    p.add_argument("--hakoniwa", default=os.path.join(ROOT, "target/release/hakoniwa"))
+    p.add_argument("--qemu", default="qemu-system-x86_64")
+    p.add_argument("--siege", default="siege")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    p.add_argument("--replot", metavar="JSON",
+                   help="rebuild migration.md and .png from JSON; run nothing")
+    args = p.parse_args()
+
+    if args.replot:
+        try:
+            with open(args.replot) as f:
+                result = json.load(f)
+        except (OSError, ValueError) as e:
+            sys.exit("migration.py: --replot %s: %s" % (args.replot, e))
+        write_md(os.path.join(args.out, "migration.md"), result)
+        plot(os.path.join(args.out, "migration.png"), result)
+        print("wrote %s/migration.{md,png}" % os.path.relpath(args.out, ROOT))
+        return 0
+
+    args.parts = parse_list(args.parts, PARTS, "--parts")
+    args.async_pf = parse_list(args.async_pf, ["on", "off"], "--async-pf")
+    args.touch_background = parse_list(args.touch_background, ["on", "off"],
+                                       "--touch-background")
+    args.web_background = parse_list(args.web_background, ["on", "off"], "--web-background")
+    args.workloads = parse_list(args.workloads, WORKLOADS, "--workloads")
+    args.vmms = parse_list(args.vmms, ["hakoniwa", "qemu"], "--vmms")
+    args.kernel = os.path.abspath(args.kernel)
+    args.initramfs = os.path.abspath(args.initramfs)
+    for path in (args.kernel, args.initramfs):
+        if not os.path.isfile(path):
+            sys.exit("migration.py: %s is missing (scripts/build-guest builds it)" % path)
+    if not os.access(args.hakoniwa, os.X_OK):
+        sys.exit("migration.py: %s is missing (cargo build --release)" % args.hakoniwa)
+    args.qemu_path = shutil.which(args.qemu)
+    args.siege_path = shutil.which(args.siege)
+    if "modes" in args.parts and "qemu" in args.vmms and not args.qemu_path:
+        sys.exit("migration.py: %s not found (apt-get install qemu-system-x86)" % args.qemu)
+    if "web" in args.parts and not args.siege_path:
+        sys.exit("migration.py: %s not found (apt-get install siege)" % args.siege)
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        sys.exit("migration.py: /dev/kvm is not usable here")
+    if os.geteuid() != 0:
+        sys.exit("migration.py: needs root (TAPs, a bridge, userfaultfd)")
+    if args.dirty_rate < 1:
+        sys.exit("migration.py: --dirty-rate must be at least 1 page/s")
+    subprocess.run(["ip", "link", "set", "lo", "up"], stderr=subprocess.DEVNULL)
+
+    # Private copies: the binary in the tree may be rebuilt while this runs
+    # (a running process whose file is rewritten can crash), and the guest
+    # files on a local file system for both VMMs.
+    args.work = tempfile.mkdtemp(prefix="hk-bench-migration.")
+    args.hk = shutil.copy(args.hakoniwa, os.path.join(args.work, "hakoniwa"))
+    args.kernel_copy = shutil.copy(args.kernel, os.path.join(args.work, "vmlinuz"))
+    args.initrd_copy = shutil.copy(args.initramfs, os.path.join(args.work, "initramfs.cpio.gz"))
+    env = environment(args)
+    print("migration benchmark: %s" % env["note"], flush=True)
+    result = {"benchmark": "migration",
+              "command": "scripts/bench-migration" + "".join(" " + x for x in sys.argv[1:]),
+              "environment": env, "paper": PAPER}
+    try:
+        link = measure_link(args)
+        result["link"] = link
+        log("link: %.1f MiB/s over loopback (%d MiB); RAM / link = %.1f s" % (
+            link["mib_per_s"], link["mib"], args.memory_mib / link["mib_per_s"]))
+        result["parameters"] = {k: getattr(args, k) for k in (
+            "cpus", "memory_mib", "prefetch", "touch_threads", "touch_mib", "touch_stride",
+            "touch_marks", "web_files", "web_file_kb", "web_tmpfs_mib", "web_clients",
+            "web_before", "web_after", "dirty_mib", "dirty_rate",
+            "qemu_precopy_timeout", "row_timeout")}
+        if "touch" in args.parts:
+            result["touch"] = part_touch(args)
+            result["touch"]["command"] = memtouch_cmd(args)
+        if "web" in args.parts:
+            result["web"] = part_web(args)
+            rows = result["web"]["rows"]
+            if rows and rows[0].get("siege_argv"):
+                result["web"]["siege_argv"] = rows[0]["siege_argv"]
+        if "modes" in args.parts:
+            result["modes"] = part_modes(args, link)
+    finally:
+        shutil.rmtree(args.work, ignore_errors=True)
+    result["total_s"] = round(time.monotonic() - T0, 1)
+    os.makedirs(args.out, exist_ok=True)
+    jpath = os.path.join(args.out, "migration.json")
+    with open(jpath, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    write_md(os.path.join(args.out, "migration.md"), result)
+    png = plot(os.path.join(args.out, "migration.png"), result)
+
+    print()
+    print("Context: %s." % env["note"])
+    if touch_rows(result):
+        print()
+        print("4.1 touch (paper: 9.8 s with async PF, 17.6 s without; run fraction 0.55 / 0.38):")
+        print(text_table(touch_table(result)))
+    if web_rows(result):
+        print()
+        print("4.2 web (paper: at switch-over 1.3 s on / 1.8 s off; +25 s < 0.5 / 0.75; "
+              "before 0.25):")
+        print(text_table(web_table(result)))
+    if touch_rows(result) or web_rows(result):
+        print()
+        print("faults:")
+        print(text_table(fault_table(result)))
+    if (result.get("modes") or {}).get("rows"):
+        print()
+        print("precopy / postcopy / hybrid (RAM / link = %s s):" % result["modes"][
+            "ram_over_link_s"])
+        print(text_table(modes_table(result)))
+    print()
+    print("wrote %s, migration.md%s (%.0f s)" % (os.path.relpath(jpath, ROOT),
+                                                 ", migration.png" if png else "",
+                                                 result["total_s"]))
+    failed = sum(1 for part in ("touch", "web", "modes")
+                 for r in (result.get(part) or {}).get("rows", []) if not r.get("ok"))
+    if failed:
+        print("migration.py: %d row(s) failed (see above and migration.json)" % failed,
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
