@@ -251,10 +251,10 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
             events: events.clone(),
         });
     }
-    // Restored virtio devices serve from here on: every vCPU's LAPIC is
-    // back, so the interrupts they raise on resuming reach the guest.
+    // Restored devices go on from here: every vCPU's LAPIC is back, so
+    // the interrupts they raise now reach the guest.
     if saved.is_some() {
-        snapshot_restore::resume_virtio(&platform)?;
+        snapshot_restore::resume_devices(&platform)?;
     }
     for vcpu in vcpus {
         vm.vcpu_threads

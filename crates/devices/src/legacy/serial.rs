@@ -90,6 +90,31 @@ impl Serial {
         .map_err(|e| format!("{e:?}"))?;
         Ok(())
     }
+
+    /// Raises the interrupt again if the registers say one is pending
+    /// (transmitter empty or data ready, and enabled). `restore` raises it
+    /// too, but a restore runs before the vCPUs exist, when an edge on the
+    /// IOAPIC finds no CPU and is dropped: call this once every vCPU's
+    /// state is back, or a guest paused mid-output waits for the
+    /// transmitter interrupt for ever and its console stops.
+    pub fn raise_pending_interrupt(&self) -> Result<(), String> {
+        const IER_RDA: u8 = 0x01;
+        const IER_THR: u8 = 0x02;
+        const IIR_THR: u8 = 0x02;
+        const IIR_RDA: u8 = 0x04;
+        let state = self.uart.state();
+        let (ier, iir) = (state.interrupt_enable, state.interrupt_identification);
+        let pending = (ier & IER_THR != 0 && iir & IIR_THR != 0)
+            || (ier & IER_RDA != 0 && iir & IIR_RDA != 0);
+        if pending {
+            self.uart
+                .interrupt_evt()
+                .0
+                .write(1)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
 }
 
 impl BusDevice for Serial {
@@ -191,6 +216,25 @@ mod tests {
         other.write(0, b"z");
         assert_eq!(other_sink.0.lock().unwrap().as_slice(), b"z");
         assert!(sink.0.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_pending_transmitter_interrupt_is_raised_again_after_a_restore() {
+        let (mut first, _, _, _) = serial();
+        first.write(1, &[0x02]); // IER: transmitter-empty interrupt on
+        first.write(0, b"x"); // the guest sends; THRE is pending now
+        let state = first.state();
+        let (mut restored, irq, _, _) = serial();
+        restored.restore(&state).unwrap();
+        // The restore's own edge may find no CPU yet: it is raised again.
+        let _ = irq.read();
+        restored.raise_pending_interrupt().unwrap();
+        assert_eq!(irq.read().unwrap(), 1);
+        // Nothing pending (the guest read IIR): nothing raised.
+        let mut iir = [0u8];
+        restored.read(2, &mut iir);
+        restored.raise_pending_interrupt().unwrap();
+        assert!(irq.read().is_err(), "an interrupt with nothing pending");
     }
 
     #[test]

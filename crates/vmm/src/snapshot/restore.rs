@@ -25,17 +25,26 @@ pub fn unsupported(config: &VmConfig) -> Option<(String, String)> {
 }
 
 /// Puts the virtio devices' state back into a freshly built VM, before any
-/// vCPU exists; the devices stay paused until [`resume_virtio`], once the
+/// vCPU exists; the devices stay paused until [`resume_devices`], once the
 /// vCPUs' state is back.
 pub fn restore_virtio(platform: &Platform, snapshot: &VmSnapshot) -> Result<(), SnapshotError> {
     Ok(platform.virtio.restore(&snapshot.devices.virtio)?)
 }
 
-/// Lets the virtio devices of a restored VM serve: called after every
-/// vCPU's state (its LAPIC above all) is restored and before any runs, so
-/// the interrupts the devices raise on resuming reach the guest.
-pub fn resume_virtio(platform: &Platform) -> Result<(), SnapshotError> {
-    Ok(platform.virtio.resume()?)
+/// Lets the devices of a restored VM go on: called after every vCPU's
+/// state (its LAPIC above all) is restored and before any runs, so the
+/// interrupts they raise now reach the guest — the virtio devices start
+/// serving, and COM1 raises again an interrupt its registers say is
+/// pending (raised at its restore, before any vCPU existed, it was lost).
+pub fn resume_devices(platform: &Platform) -> Result<(), crate::Error> {
+    platform
+        .serial
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .raise_pending_interrupt()
+        .map_err(|e| crate::Error::Device("com1".into(), e))?;
+    platform.virtio.resume().map_err(SnapshotError::from)?;
+    Ok(())
 }
 
 /// Opens the snapshot `path` for a VM built from `config` and checks that
