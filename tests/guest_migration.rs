@@ -17,8 +17,16 @@ use std::time::{Duration, Instant};
 use common::net::{md5_hex, HostLinks};
 use common::{ctl, hakoniwa, require_hardware_kvm, temp_socket, Vmm, GUEST_TIMEOUT, PROMPT};
 
-/// The machine on both sides.
-const FLAGS: &[&str] = &["--cpus", "2", "--memory", "512M"];
+/// The machine on both sides. One vCPU: under the rig's emulated nested
+/// SVM, two-vCPU guests migrated back and forth three times took ~5 min
+/// and three times panicked L1's kernel ("stack guard page was hit" in a
+/// vCPU thread); with one vCPU the same chain runs in ~60 s and held in
+/// every run. Two vCPUs moving under postcopy are covered by the network
+/// test below, and two-vCPU state by tests/guest_snapshot.rs.
+const FLAGS: &[&str] = &["--cpus", "1", "--memory", "512M"];
+
+/// The two-vCPU machine of the network test.
+const FLAGS_2CPU: &[&str] = &["--cpus", "2", "--memory", "512M"];
 
 /// A port free right now on the loopback.
 fn free_port() -> u16 {
@@ -421,7 +429,7 @@ fn a_tcp_connection_over_virtio_net_survives_a_postcopy_migration() {
     let net = |tap: &str| format!("tap={tap},mac={mac}");
     let (net_a, net_b) = (net("hkm-a"), net("hkm-b"));
     let mut args = vec!["run", "--api-socket", &s1, "--net", &net_a];
-    args.extend_from_slice(FLAGS);
+    args.extend_from_slice(FLAGS_2CPU);
     let mut a = Vmm::spawn(&args);
     a.wait_for(PROMPT);
     let sum = start_workload(&mut a);
@@ -450,7 +458,8 @@ fn a_tcp_connection_over_virtio_net_survives_a_postcopy_migration() {
     ));
     std::thread::sleep(Duration::from_secs(3));
     let dst_port = free_port();
-    let dst_args = ["--net", &net_b, "--cpus", "2", "--memory", "512M"];
+    let mut dst_args = vec!["--net", net_b.as_str()];
+    dst_args.extend_from_slice(FLAGS_2CPU);
     let mut b = destination(dst_port, &s2, &dst_args);
     let (ok, out) = migrate(&s1, dst_port, "postcopy", &[]);
     assert!(ok, "postcopy with virtio-net: {out}\n{}", a.stderr());

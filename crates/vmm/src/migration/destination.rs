@@ -345,33 +345,48 @@ fn write_pages(
 }
 
 /// Drops the pages the source changed after sending them, so they fault
-/// and are fetched again.
+/// and are fetched again: one madvise per run (per region it spans), not
+/// per page — a hybrid's list can hold tens of thousands of pages, and
+/// this runs inside the downtime.
 fn discard_pages(
     layout: &RamLayout,
     written: &PageBitmap,
     discard: &[(u64, u32)],
 ) -> Result<(), MigrationError> {
     for &(first, count) in discard {
-        for k in 0..u64::from(count) {
-            let index = layout.index_of_page(first + k).ok_or_else(|| {
+        let count = count as usize;
+        let mut k = 0;
+        while k < count {
+            let page = first + k as u64;
+            let index = layout.index_of_page(page).ok_or_else(|| {
                 MigrationError::Stream(StreamError::Corrupt(format!(
-                    "discarded page {:#x} is not RAM",
-                    first + k
+                    "discarded page {page:#x} is not RAM"
                 )))
             })?;
+            // Guest pages that follow each other in one region are
+            // contiguous in our mapping too.
+            let n = (count - k).min(layout.pages_left_in_region(index));
             let host = layout.host_of_index(index);
-            // SAFETY: one page of guest RAM, which no vCPU uses yet;
-            // MADV_DONTNEED on private anonymous memory makes it read as
-            // missing again.
-            let r =
-                unsafe { libc::madvise(host as *mut libc::c_void, PAGE_SIZE, libc::MADV_DONTNEED) };
+            // SAFETY: `n` pages of guest RAM in one region, which no vCPU
+            // uses yet; MADV_DONTNEED on private anonymous memory makes
+            // them read as missing again.
+            let r = unsafe {
+                libc::madvise(
+                    host as *mut libc::c_void,
+                    n * PAGE_SIZE,
+                    libc::MADV_DONTNEED,
+                )
+            };
             if r != 0 {
                 return Err(MigrationError::Invalid(format!(
                     "madvise(MADV_DONTNEED): {}",
                     std::io::Error::last_os_error()
                 )));
             }
-            written.clear(index);
+            for i in index..index + n {
+                written.clear(i);
+            }
+            k += n;
         }
     }
     Ok(())
@@ -613,5 +628,39 @@ fn accept_resume(
         reader.set_read_timeout(None).ok();
         shared.reconnected(writer)?;
         return Ok(reader);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestAddress;
+
+    #[test]
+    fn discarded_runs_read_as_missing_again_across_regions() {
+        let memory = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 8 * PAGE_SIZE),
+            (GuestAddress(0x1_0000_0000), 8 * PAGE_SIZE),
+        ])
+        .unwrap();
+        let layout = RamLayout::new(&memory);
+        let written = PageBitmap::new(layout.pages());
+        for i in 0..layout.pages() {
+            // SAFETY: a byte of a page of `memory`, alive for the test.
+            unsafe { *(layout.host_of_index(i) as *mut u8) = 7 };
+            written.set(i);
+        }
+        // A run inside the low region, one that ends at its last page,
+        // and one in the high region.
+        discard_pages(&layout, &written, &[(1, 3), (6, 2), (0x10_0002, 4)]).unwrap();
+        let gone: Vec<usize> = (0..layout.pages()).filter(|&i| !written.get(i)).collect();
+        assert_eq!(gone, vec![1, 2, 3, 6, 7, 10, 11, 12, 13]);
+        for i in 0..layout.pages() {
+            let zero = is_zero_page(layout.page_bytes(i));
+            assert_eq!(zero, gone.contains(&i), "page index {i}");
+        }
+        // A run that runs past the end of RAM is refused.
+        let err = discard_pages(&layout, &written, &[(0x10_0006, 3)]).unwrap_err();
+        assert!(err.to_string().contains("not RAM"), "{err}");
     }
 }
