@@ -831,6 +831,11 @@ def web_row(args, async_pf, background, serial, delay_ms=0):
                 len(reqs), after_ok, before[0], peak[1], plus25[0], g))
     except Exception as e:  # noqa: BLE001
         rec["error"] = str(e)[:3000]
+        # What the VMMs said (a guest that triple-faulted ends its VMM).
+        for side in ("src", "dst"):
+            p = getattr(pair, side, None) if pair else None
+            if p:
+                rec["error"] += "\n%s: %s" % (p.name, p.tails())
         log("  FAILED:", rec["error"][:600])
         if siege and siege.proc.poll() is None:
             siege.proc.kill()
