@@ -1787,6 +1787,17 @@ def main():
     result = {"benchmark": "migration",
               "command": "scripts/bench-migration" + "".join(" " + x for x in sys.argv[1:]),
               "environment": env, "paper": PAPER}
+    os.makedirs(args.out, exist_ok=True)
+    jpath = os.path.join(args.out, "migration.json")
+
+    def save(partial):
+        # After each part too: a run cut short (the rig's L1 can die)
+        # keeps the parts it finished (`--replot` draws them).
+        result["partial"] = partial
+        result["total_s"] = round(time.monotonic() - T0, 1)
+        with open(jpath, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
     try:
         link = measure_link(args)
         result["link"] = link
@@ -1800,21 +1811,18 @@ def main():
         if "touch" in args.parts:
             result["touch"] = part_touch(args)
             result["touch"]["command"] = memtouch_cmd(args)
+            save(True)
         if "web" in args.parts:
             result["web"] = part_web(args)
             rows = result["web"]["rows"]
             if rows and rows[0].get("siege_argv"):
                 result["web"]["siege_argv"] = rows[0]["siege_argv"]
+            save(True)
         if "modes" in args.parts:
             result["modes"] = part_modes(args, link)
     finally:
         shutil.rmtree(args.work, ignore_errors=True)
-    result["total_s"] = round(time.monotonic() - T0, 1)
-    os.makedirs(args.out, exist_ok=True)
-    jpath = os.path.join(args.out, "migration.json")
-    with open(jpath, "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
+    save(False)
     write_md(os.path.join(args.out, "migration.md"), result)
     png = plot(os.path.join(args.out, "migration.png"), result)
 
