@@ -48,8 +48,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hkguest import Console  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = b"hakoniwa:/# "
@@ -61,48 +64,6 @@ VM_STATS = ["mmu_shadow_zapped", "mmu_recycled", "mmu_cache_miss", "mmu_pte_writ
             "mmu_flooded", "mmu_unsync", "mmu_pde_zapped"]
 VCPU_STATS = ["pf_fixed", "pf_guest", "pf_taken", "exits"]
 PAPER = {"one_spt": 0.23, "multiple_spt": 0.90, "shadow_memory_percent": 3.0}
-
-
-class Console:
-    def __init__(self, proc):
-        self.proc = proc
-        self.buf = bytearray()
-        self.cond = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        while True:
-            data = os.read(self.proc.stdout.fileno(), 65536)
-            with self.cond:
-                if not data:
-                    self.cond.notify_all()
-                    return
-                self.buf += data
-                self.cond.notify_all()
-
-    def wait(self, regex, start, timeout):
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                m = regex.search(self.buf, start)
-                if m:
-                    return m
-                left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None:
-                    return None
-                self.cond.wait(min(left, 0.5))
-
-    def send(self, text):
-        self.proc.stdin.write(text.encode())
-        self.proc.stdin.flush()
-
-    def tail(self, n=600):
-        with self.cond:
-            return bytes(self.buf[-n:]).decode("utf-8", "replace")
-
-    def size(self):
-        with self.cond:
-            return len(self.buf)
 
 
 def ctl(args, socket, *cmd):
