@@ -73,9 +73,16 @@ hk_need() {
 # guest-test run in two; bookworm-backports has QEMU 10 (docs/rig.md).
 # Backports get apt's low default priority, so nothing else changes source.
 HK_QEMU_MIN_MAJOR=10
+# _hk_qemu_major  prints the installed QEMU's major version, or nothing when
+# there is no QEMU. It never fails: the rig runs with `set -eE` and an ERR
+# trap, where a failing command substitution would end it without a word.
+_hk_qemu_major() {
+	{ qemu-system-x86_64 --version 2>/dev/null || true; } |
+		sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p'
+}
 hk_need_qemu() {
 	local version
-	version=$(qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p')
+	version=$(_hk_qemu_major)
 	[[ -n $version && $version -ge $HK_QEMU_MIN_MAJOR ]] && return 0
 	local suite
 	suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
@@ -93,7 +100,7 @@ hk_need_qemu() {
 	else
 		hk_need qemu-system-x86:qemu-system-x86_64
 	fi
-	version=$(qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p')
+	version=$(_hk_qemu_major)
 	[[ -n $version && $version -ge $HK_QEMU_MIN_MAJOR ]] ||
 		hk_die "need QEMU $HK_QEMU_MIN_MAJOR or newer for the rig, have ${version:-none}"
 }
