@@ -7,6 +7,7 @@ pub mod net;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,11 +53,16 @@ pub struct Vmm {
     stdin: Option<ChildStdin>,
     stdout: Arc<Mutex<Vec<u8>>>,
     stderr: Arc<Mutex<Vec<u8>>>,
+    /// Set when hakoniwa closed its stdout (it exited).
+    stdout_ended: Arc<AtomicBool>,
 }
 
-fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
+/// Reads `from` to its end into a buffer; the flag is set once everything
+/// has been read (the writer closed it: for a child's stdout, it exited).
+fn collect(mut from: impl Read + Send + 'static) -> (Arc<Mutex<Vec<u8>>>, Arc<AtomicBool>) {
     let buffer = Arc::new(Mutex::new(Vec::new()));
-    let sink = buffer.clone();
+    let ended = Arc::new(AtomicBool::new(false));
+    let (sink, done) = (buffer.clone(), ended.clone());
     std::thread::spawn(move || {
         let mut chunk = [0u8; 4096];
         while let Ok(n) = from.read(&mut chunk) {
@@ -65,8 +71,9 @@ fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
             }
             sink.lock().unwrap().extend_from_slice(&chunk[..n]);
         }
+        done.store(true, Ordering::SeqCst);
     });
-    buffer
+    (buffer, ended)
 }
 
 impl Vmm {
@@ -80,13 +87,14 @@ impl Vmm {
             .stderr(Stdio::piped())
             .spawn()
             .expect("cannot start hakoniwa");
-        let stdout = collect(child.stdout.take().unwrap());
-        let stderr = collect(child.stderr.take().unwrap());
+        let (stdout, stdout_ended) = collect(child.stdout.take().unwrap());
+        let (stderr, _) = collect(child.stderr.take().unwrap());
         Vmm {
             stdin: child.stdin.take(),
             child,
             stdout,
             stderr,
+            stdout_ended,
         }
     }
 
@@ -102,12 +110,24 @@ impl Vmm {
         String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
     }
 
-    /// Waits until the console shows `needle`.
+    /// Waits until the console shows `needle`. Fails at once if hakoniwa
+    /// has exited without it (no point waiting out the timeout).
     pub fn wait_for(&self, needle: &str) {
         let deadline = Instant::now() + GUEST_TIMEOUT;
         while Instant::now() < deadline {
+            // Read the flag first: once it is set, all output is in.
+            let ended = self.stdout_ended.load(Ordering::SeqCst);
             if self.stdout().contains(needle) {
                 return;
+            }
+            if ended {
+                // Let the stderr reader catch up with the last message.
+                std::thread::sleep(Duration::from_millis(200));
+                panic!(
+                    "hakoniwa exited without {needle:?} on the console\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                    self.stdout(),
+                    self.stderr()
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
