@@ -66,3 +66,68 @@ def ctl(hakoniwa, socket, *cmd):
         raise RuntimeError("ctl %s: status %d: %s" % (" ".join(cmd), out.returncode,
                                                      (out.stderr or out.stdout).strip()))
     return json.loads(out.stdout) if out.stdout.strip().startswith("{") else out.stdout
+
+
+def stuck_report(pid, seconds=2.0):
+    """Why a VM looks stuck: for each of hakoniwa `pid`'s threads, its name,
+    scheduler state and kernel stack (root only), read twice `seconds`
+    apart, and what KVM's trace events say its vCPUs did meanwhile (exit
+    reasons and guest RIPs, where tracefs is writable). A vCPU thread
+    blocked in handle_userfault waits for a page; in kvm_vcpu_block (or
+    kvm_vcpu_halt) the guest is halted, waiting for an interrupt; running
+    with exits, the guest spins. Returns a text, never raises."""
+    import collections
+    import glob
+
+    def threads():
+        out = []
+        for task in sorted(glob.glob("/proc/%d/task/*" % pid)):
+            try:
+                comm = open(task + "/comm").read().strip()
+                state = open(task + "/stat").read().rsplit(")", 1)[1].split()[0]
+                try:
+                    stack = [line.split()[1].split("+")[0]
+                             for line in open(task + "/stack").read().splitlines()]
+                except OSError:
+                    stack = []
+                cpu = open(task + "/stat").read().rsplit(")", 1)[1].split()
+                out.append("%s %s %s utime=%s stime=%s [%s]" % (
+                    os.path.basename(task), comm, state, cpu[11], cpu[12],
+                    " < ".join(stack[:8])))
+            except OSError:
+                continue
+        return out
+
+    lines = ["threads:"] + ["  " + t for t in threads()]
+    trace = "/sys/kernel/tracing"
+    traced = os.access(trace + "/tracing_on", os.W_OK) and os.path.isdir(trace + "/events/kvm")
+    try:
+        if traced:
+            open(trace + "/trace", "w").write("")
+            for event in ("kvm_exit", "kvm_userspace_exit", "kvm_async_pf_not_present",
+                          "kvm_async_pf_ready", "kvm_async_pf_completed"):
+                path = "%s/events/kvm/%s/enable" % (trace, event)
+                if os.path.exists(path):
+                    open(path, "w").write("1")
+            open(trace + "/tracing_on", "w").write("1")
+        time.sleep(seconds)
+        if traced:
+            open(trace + "/tracing_on", "w").write("0")
+            reasons = collections.Counter()
+            rips = collections.Counter()
+            other = collections.Counter()
+            for line in open(trace + "/trace"):
+                if "kvm_exit:" in line:
+                    words = line.split()
+                    if "reason" in words:
+                        reasons[words[words.index("reason") + 1]] += 1
+                    if "rip" in words:
+                        rips[words[words.index("rip") + 1]] += 1
+                elif ": kvm_" in line:
+                    other[line.split(": kvm_")[1].split(":")[0]] += 1
+            lines.append("KVM over %.1f s: exits by reason %s; top RIPs %s; other events %s" % (
+                seconds, dict(reasons.most_common(8)), dict(rips.most_common(5)), dict(other)))
+    except OSError as e:
+        lines.append("tracing: %s" % e)
+    lines += ["threads again:"] + ["  " + t for t in threads()]
+    return "\n".join(lines)

@@ -78,7 +78,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from boot import (bzimage_version, cpu_model, first_line, guest_manifest,  # noqa: E402
                   md_table, placement, sha256_file, text_table)
-from hkguest import Console, PROMPT_RE  # noqa: E402
+from hkguest import Console, PROMPT_RE, stuck_report  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
@@ -536,6 +536,9 @@ def touch_row(args, async_pf, background, with_baseline, delay_ms=0):
         samples = sampler.stop()
         series = poller.stop()
         if not m:
+            # Where the destination's guest is stuck, for the record.
+            rec["stuck"] = stuck_report(pair.dst.proc.pid)
+            log("  destination stuck:\n" + rec["stuck"])
             raise RuntimeError("the touch did not finish on the destination: "
                                + pair.dst.tails())
         with pair.dst.con.cond:

@@ -483,6 +483,13 @@ fn receive_pages(
                     s.faults.minor,
                     s.faults.double
                 );
+                if s.pages.already_present > 0 {
+                    // Never expected (status.rs): say it where it is seen.
+                    eprint!(
+                        "hakoniwa: migration in: warning: {} pages from the source found their place in guest RAM taken and were not written\r\n",
+                        s.pages.already_present
+                    );
+                }
                 return;
             }
             // The link broke (or the source died): the guest waits, and

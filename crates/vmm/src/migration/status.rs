@@ -41,6 +41,10 @@ pub struct PageCounts {
     pub background: u64,
     /// Pages sent as "all zero" (no bytes on the wire), of any kind.
     pub zero: u64,
+    /// Destination: pages of data from the source whose place in guest RAM
+    /// was already taken (UFFDIO_COPY: EEXIST), so their bytes were not
+    /// written. Nothing should ever take that place: not zero is a bug.
+    pub already_present: u64,
 }
 
 impl PageCounts {
