@@ -2,6 +2,7 @@
 console (stdin/stdout of `hakoniwa run`) and `hakoniwa ctl`. Standard
 library only."""
 
+import collections
 import json
 import os
 import re
@@ -76,7 +77,6 @@ def stuck_report(pid, seconds=2.0):
     blocked in handle_userfault waits for a page; in kvm_vcpu_block (or
     kvm_vcpu_halt) the guest is halted, waiting for an interrupt; running
     with exits, the guest spins. Returns a text, never raises."""
-    import collections
     import glob
 
     def threads():
@@ -131,3 +131,43 @@ def stuck_report(pid, seconds=2.0):
         lines.append("tracing: %s" % e)
     lines += ["threads again:"] + ["  " + t for t in threads()]
     return "\n".join(lines)
+
+
+class KvmTrace:
+    """KVM's trace events in this kernel's ring buffer (root and tracefs
+    only; otherwise it does nothing): `start` clears and enables them,
+    `tail` stops tracing and returns the last lines, e.g. the exits and
+    injected exceptions before a guest's triple fault."""
+
+    EVENTS = ("kvm_entry", "kvm_exit", "kvm_inj_exception", "kvm_userspace_exit",
+              "kvm_async_pf_not_present", "kvm_async_pf_ready", "kvm_async_pf_completed")
+
+    def __init__(self, root="/sys/kernel/tracing"):
+        self.root = root
+        self.usable = os.access(root + "/tracing_on", os.W_OK) and os.path.isdir(root + "/events/kvm")
+
+    def _write(self, name, value):
+        with open(os.path.join(self.root, name), "w") as f:
+            f.write(value)
+
+    def start(self, kib_per_cpu=16384):
+        if not self.usable:
+            return
+        self._write("tracing_on", "0")
+        self._write("buffer_size_kb", str(kib_per_cpu))
+        for event in self.EVENTS:
+            if os.path.exists("%s/events/kvm/%s/enable" % (self.root, event)):
+                self._write("events/kvm/%s/enable" % event, "1")
+        self._write("trace", "")
+        self._write("tracing_on", "1")
+
+    def tail(self, lines=400):
+        if not self.usable:
+            return ""
+        self._write("tracing_on", "0")
+        with open(os.path.join(self.root, "trace")) as f:
+            return "".join(collections.deque(f, lines))
+
+    def stop(self):
+        if self.usable:
+            self._write("tracing_on", "0")

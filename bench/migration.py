@@ -78,7 +78,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from boot import (bzimage_version, cpu_model, first_line, guest_manifest,  # noqa: E402
                   md_table, placement, sha256_file, text_table)
-from hkguest import Console, PROMPT_RE, stuck_report  # noqa: E402
+from hkguest import Console, KvmTrace, PROMPT_RE, stuck_report  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
@@ -523,6 +523,10 @@ def touch_row(args, async_pf, background, with_baseline, delay_ms=0):
         if background == "off":
             extra.append("--no-background")
         delay.start()
+        # HK_BENCH_KVM_TRACE=1: KVM's events from here on, kept if it fails.
+        ktrace = KvmTrace() if os.environ.get("HK_BENCH_KVM_TRACE") else None
+        if ktrace:
+            ktrace.start()
         t_migrate = time.monotonic()
         pair.migrate("postcopy", extra)
         pair.wait_dst_phase(("postcopy", "completed"), 120)
@@ -533,12 +537,19 @@ def touch_row(args, async_pf, background, with_baseline, delay_ms=0):
         poller = ReportPoller(pair.dst_sock, t_go)
         m = pair.dst.con.wait(MEMTOUCH_DONE, 0, args.row_timeout)
         t_done = time.monotonic()
+        if ktrace and m:
+            ktrace.stop()
         samples = sampler.stop()
         series = poller.stop()
         if not m:
             # Where the destination's guest is stuck, for the record.
             rec["stuck"] = stuck_report(pair.dst.proc.pid)
             log("  destination stuck:\n" + rec["stuck"])
+            if ktrace:
+                path = os.path.join(args.out, "kvm-trace-%s.txt" % re.sub(r"\W+", "-", label))
+                with open(path, "w") as f:
+                    f.write(ktrace.tail(4000))
+                log("  KVM trace of the last moments: " + path)
             raise RuntimeError("the touch did not finish on the destination: "
                                + pair.dst.tails())
         with pair.dst.con.cond:
@@ -777,6 +788,10 @@ def web_row(args, async_pf, background, serial, delay_ms=0):
         if background == "off":
             extra.append("--no-background")
         delay.start()
+        # HK_BENCH_KVM_TRACE=1: KVM's events from here on, kept if it fails.
+        ktrace = KvmTrace() if os.environ.get("HK_BENCH_KVM_TRACE") else None
+        if ktrace:
+            ktrace.start()
         t_migrate = time.monotonic()
         pair.migrate("postcopy", extra)
         pair.wait_dst_phase(("postcopy", "completed"), 120)
