@@ -84,39 +84,29 @@ def stuck_report(pid, seconds=2.0):
         for task in sorted(glob.glob("/proc/%d/task/*" % pid)):
             try:
                 comm = open(task + "/comm").read().strip()
-                state = open(task + "/stat").read().rsplit(")", 1)[1].split()[0]
+                stat = open(task + "/stat").read().rsplit(")", 1)[1].split()
                 try:
                     stack = [line.split()[1].split("+")[0]
                              for line in open(task + "/stack").read().splitlines()]
                 except OSError:
                     stack = []
-                cpu = open(task + "/stat").read().rsplit(")", 1)[1].split()
                 out.append("%s %s %s utime=%s stime=%s [%s]" % (
-                    os.path.basename(task), comm, state, cpu[11], cpu[12],
+                    os.path.basename(task), comm, stat[0], stat[11], stat[12],
                     " < ".join(stack[:8])))
             except OSError:
                 continue
         return out
 
     lines = ["threads:"] + ["  " + t for t in threads()]
-    trace = "/sys/kernel/tracing"
-    traced = os.access(trace + "/tracing_on", os.W_OK) and os.path.isdir(trace + "/events/kvm")
+    trace = KvmTrace()
     try:
-        if traced:
-            open(trace + "/trace", "w").write("")
-            for event in ("kvm_exit", "kvm_userspace_exit", "kvm_async_pf_not_present",
-                          "kvm_async_pf_ready", "kvm_async_pf_completed"):
-                path = "%s/events/kvm/%s/enable" % (trace, event)
-                if os.path.exists(path):
-                    open(path, "w").write("1")
-            open(trace + "/tracing_on", "w").write("1")
+        trace.start(kib_per_cpu=4096)
         time.sleep(seconds)
-        if traced:
-            open(trace + "/tracing_on", "w").write("0")
+        if trace.usable:
             reasons = collections.Counter()
             rips = collections.Counter()
             other = collections.Counter()
-            for line in open(trace + "/trace"):
+            for line in trace.tail(None).splitlines():
                 if "kvm_exit:" in line:
                     words = line.split()
                     if "reason" in words:
@@ -162,6 +152,7 @@ class KvmTrace:
         self._write("tracing_on", "1")
 
     def tail(self, lines=400):
+        """The last `lines` lines (None: all of them)."""
         if not self.usable:
             return ""
         self._write("tracing_on", "0")

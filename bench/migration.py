@@ -542,14 +542,15 @@ def touch_row(args, async_pf, background, with_baseline, delay_ms=0):
         samples = sampler.stop()
         series = poller.stop()
         if not m:
-            # Where the destination's guest is stuck, for the record.
-            rec["stuck"] = stuck_report(pair.dst.proc.pid)
-            log("  destination stuck:\n" + rec["stuck"])
+            # The trace first: stuck_report traces anew, clearing it.
             if ktrace:
                 path = os.path.join(args.out, "kvm-trace-%s.txt" % re.sub(r"\W+", "-", label))
                 with open(path, "w") as f:
                     f.write(ktrace.tail(4000))
                 log("  KVM trace of the last moments: " + path)
+            # Where the destination's guest is stuck, for the record.
+            rec["stuck"] = stuck_report(pair.dst.proc.pid)
+            log("  destination stuck:\n" + rec["stuck"])
             raise RuntimeError("the touch did not finish on the destination: "
                                + pair.dst.tails())
         with pair.dst.con.cond:
@@ -788,10 +789,6 @@ def web_row(args, async_pf, background, serial, delay_ms=0):
         if background == "off":
             extra.append("--no-background")
         delay.start()
-        # HK_BENCH_KVM_TRACE=1: KVM's events from here on, kept if it fails.
-        ktrace = KvmTrace() if os.environ.get("HK_BENCH_KVM_TRACE") else None
-        if ktrace:
-            ktrace.start()
         t_migrate = time.monotonic()
         pair.migrate("postcopy", extra)
         pair.wait_dst_phase(("postcopy", "completed"), 120)

@@ -618,7 +618,7 @@ mod tests {
     use crate::migration::MigrationMode;
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-    /// A run of pages from the source whose second page is already present
+    /// A run of pages from the source whose first page is already present
     /// on the destination: that page is left alone and counted, and every
     /// other page of the run is written (the kernel reports a run's first
     /// present page as EEXIST and copies nothing after it).
