@@ -189,8 +189,15 @@ enum CtlCommandArg {
         no_wait: bool,
         /// Resume a postcopy whose connection dropped, to --to (the
         /// destination's --incoming address, or another path to it).
-        #[arg(long, conflicts_with_all = ["prefetch", "max_downtime", "max_rounds", "no_background", "max_bandwidth"])]
+        #[arg(long, conflicts_with_all = ["prefetch", "max_downtime", "max_rounds", "no_background", "max_bandwidth", "verify_pages"])]
         resume: bool,
+        /// Check every page: the source sends the checksum of each page
+        /// once the guest is stopped, the destination compares each page
+        /// it has or places with it and refuses (or stops) the VM on a
+        /// difference. A test and diagnosis mode: it adds a pass over RAM
+        /// to the downtime.
+        #[arg(long)]
+        verify_pages: bool,
     },
     /// Show the current or last migration's report (JSON), on either side.
     Migration,
@@ -407,6 +414,7 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
             max_bandwidth,
             no_wait,
             resume,
+            verify_pages,
         } => {
             let request = api::MigrateRequest {
                 to,
@@ -418,6 +426,7 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
                 background: no_background.then_some(false),
                 resume: resume.then_some(true),
                 max_bandwidth_mib: max_bandwidth,
+                verify_pages: verify_pages.then_some(true),
             };
             api::run_ctl(&args.api_socket, &api::CtlCommand::Migrate(request))
                 .map_err(|e| e.to_string())?;

@@ -163,6 +163,11 @@ pub struct MigrateRequest {
     /// to `to` (default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<bool>,
+    /// Send a checksum of every page once the guest is stopped; the
+    /// destination checks each page against it and refuses or stops the
+    /// VM on a difference (default false; a test and diagnosis mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_pages: Option<bool>,
 }
 
 /// Body of `PUT /api/v1/vm.snapshot`.

@@ -251,6 +251,7 @@ mod tests {
                 background: Some(true),
                 resume: None,
                 max_bandwidth_mib: None,
+                verify_pages: Some(true),
             }),
             ApiAction::MigrationInfo,
         ];

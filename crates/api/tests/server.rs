@@ -876,6 +876,7 @@ fn migrate_endpoint_carries_the_request_and_the_report_comes_back() {
         background: Some(false),
         resume: None,
         max_bandwidth_mib: None,
+        verify_pages: None,
     };
     assert_eq!(
         client::run_ctl(&h.path, &CtlCommand::Migrate(request.clone())).unwrap(),

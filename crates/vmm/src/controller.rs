@@ -180,6 +180,7 @@ impl VmControl {
             background: request.background.unwrap_or(true),
             resume: request.resume.unwrap_or(false),
             max_bandwidth_mib: request.max_bandwidth_mib,
+            verify_pages: request.verify_pages.unwrap_or(false),
         };
         source
             .start(request)

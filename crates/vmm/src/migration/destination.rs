@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::history::{PageHistory, WrongPage};
 use super::pages::{is_zero_page, PageBitmap, RamLayout};
 use super::postcopy::{guest_async_pf, FaultThread, PostcopyShared};
 use super::protocol::{
-    read_message, write_message, Message, StreamError, PAGE_SIZE, PROTOCOL_VERSION,
+    read_message, write_message, Message, PageKind, StreamError, PAGE_SIZE, PROTOCOL_VERSION,
 };
 use super::source::{StateEnvelope, VmPauser};
 use super::status::{MigrationStatus, Phase, SharedStatus};
@@ -94,6 +95,7 @@ impl Incoming {
             layout.pages() as u64,
         )));
         status.update(|s| s.phase = Phase::Precopy);
+        let history = Arc::new(PageHistory::new(layout.clone()));
         let mut written = PageBitmap::new(layout.pages());
         let mut postcopy: Option<Arc<PostcopyShared>> = None;
         let envelope: StateEnvelope = loop {
@@ -104,7 +106,7 @@ impl Incoming {
                     let count = data.len() / PAGE_SIZE;
                     match &postcopy {
                         None => {
-                            write_pages(&layout, &written, first, Some(&data), count)?;
+                            write_pages(&history, &written, kind, first, Some(&data), count)?;
                             status.update(|s| s.pages.add(kind, count as u64));
                         }
                         Some(shared) => shared.place(kind, first, Some(&data), count)?,
@@ -112,7 +114,7 @@ impl Incoming {
                 }
                 Message::Zero { kind, first, count } => match &postcopy {
                     None => {
-                        write_pages(&layout, &written, first, None, count as usize)?;
+                        write_pages(&history, &written, kind, first, None, count as usize)?;
                         status.update(|s| {
                             s.pages.add(kind, u64::from(count));
                             s.pages.zero += u64::from(count);
@@ -121,21 +123,42 @@ impl Incoming {
                     Some(shared) => shared.place(kind, first, None, count as usize)?,
                 },
                 Message::Postcopy { discard } if postcopy.is_none() => {
-                    discard_pages(&layout, &written, &discard)?;
+                    discard_pages(&history, &written, &discard)?;
                     let received = std::mem::replace(&mut written, PageBitmap::new(0));
                     postcopy = Some(PostcopyShared::register(
-                        layout.clone(),
+                        history.clone(),
                         received,
                         clone_stream(&writer)?,
                         status.clone(),
                         usize::from(machine.vcpus),
                     )?);
                 }
+                Message::Checksums(crcs) => {
+                    let n = crcs.len();
+                    if !history.set_source_crcs(crcs) {
+                        return Err(MigrationError::Stream(StreamError::Corrupt(format!(
+                            "checksums for {n} pages, RAM has {} (or sent twice)",
+                            layout.pages()
+                        ))));
+                    }
+                    status.update(|s| s.verify_pages = true);
+                }
                 Message::State(json) => {
                     let envelope: StateEnvelope = serde_json::from_slice(&json).map_err(|e| {
                         MigrationError::Stream(StreamError::Corrupt(format!("state: {e}")))
                     })?;
                     check_state(&envelope.snapshot, machine)?;
+                    if history.verifying() {
+                        // Every page here must be what the source has now
+                        // (precopy: all of RAM; postcopy: what came before
+                        // the switch-over). Before any vCPU runs, so the
+                        // source can take its guest back.
+                        let arrived = postcopy.as_ref().map(|p| &p.received);
+                        if let Err(e) = verify_arrived(&history, arrived, &status) {
+                            let _ = write_message(&mut writer, &Message::Refused(e.to_string()));
+                            return Err(e);
+                        }
+                    }
                     break envelope;
                 }
                 other => {
@@ -209,6 +232,7 @@ impl Incoming {
             snapshot: envelope.snapshot,
             stopped_at_unix_ns: envelope.stopped_at_unix_ns,
             status,
+            history,
             writer,
             postcopy,
         })
@@ -306,12 +330,14 @@ fn check_state(snapshot: &VmSnapshot, machine: &MachineState) -> Result<(), Migr
 /// registered, plain writes). A zero page never written needs nothing:
 /// fresh anonymous memory reads as zero; it is only marked as known.
 fn write_pages(
-    layout: &RamLayout,
+    history: &PageHistory,
     written: &PageBitmap,
+    kind: PageKind,
     first: u64,
     data: Option<&[u8]>,
     count: usize,
 ) -> Result<(), MigrationError> {
+    let layout = history.layout();
     for k in 0..count {
         let index = layout.index_of_page(first + k as u64).ok_or_else(|| {
             MigrationError::Stream(StreamError::Corrupt(format!(
@@ -340,8 +366,59 @@ fn write_pages(
                 written.set(index);
             }
         }
+        history.arrived(kind, index, 1, data.is_none());
     }
     Ok(())
+}
+
+/// `--verify-pages`: checks every page that has arrived (`arrived`; `None`:
+/// all of RAM, as after a precopy) against the source's checksums. A page
+/// not in memory was never written here and reads as zero. Returns how
+/// many were checked; the first differences go to the report.
+fn verify_arrived(
+    history: &PageHistory,
+    arrived: Option<&PageBitmap>,
+    status: &SharedStatus,
+) -> Result<u64, MigrationError> {
+    let layout = history.layout();
+    let resident = layout
+        .resident()
+        .map_err(|e| MigrationError::Invalid(format!("mincore: {e}")))?;
+    let mut wrong: Vec<WrongPage> = Vec::new();
+    let mut checked = 0u64;
+    for (index, &in_memory) in resident.iter().enumerate() {
+        if arrived.is_some_and(|a| !a.get(index)) {
+            continue;
+        }
+        // Reading a page not in memory would fault it in (and under
+        // postcopy wait for the fault handler): it is zero.
+        let bytes = in_memory.then(|| layout.page_bytes(index));
+        checked += 1;
+        if let Err(w) = history.check(index, None, bytes) {
+            wrong.push(w);
+        }
+    }
+    record_wrong(status, checked, &wrong);
+    match wrong.first() {
+        None => Ok(checked),
+        Some(first) => Err(MigrationError::WrongPages(format!(
+            "{} of {checked} pages differ from the source's; the first: {first}",
+            wrong.len()
+        ))),
+    }
+}
+
+/// How many pages of the report's list of wrong pages to keep.
+const WRONG_PAGES_KEPT: usize = 16;
+
+/// Counts `checked` verified pages and `wrong` in the report.
+pub(super) fn record_wrong(status: &SharedStatus, checked: u64, wrong: &[WrongPage]) {
+    status.update(|s| {
+        s.pages.verified += checked;
+        s.pages.wrong += wrong.len() as u64;
+        let room = WRONG_PAGES_KEPT.saturating_sub(s.wrong_pages.len());
+        s.wrong_pages.extend(wrong.iter().take(room).cloned());
+    });
 }
 
 /// Drops the pages the source changed after sending them, so they fault
@@ -349,10 +426,11 @@ fn write_pages(
 /// per page — a hybrid's list can hold tens of thousands of pages, and
 /// this runs inside the downtime.
 fn discard_pages(
-    layout: &RamLayout,
+    history: &PageHistory,
     written: &PageBitmap,
     discard: &[(u64, u32)],
 ) -> Result<(), MigrationError> {
+    let layout = history.layout();
     for &(first, count) in discard {
         let count = count as usize;
         let mut k = 0;
@@ -385,6 +463,7 @@ fn discard_pages(
             }
             for i in index..index + n {
                 written.clear(i);
+                history.discarded(i);
             }
             k += n;
         }
@@ -398,6 +477,8 @@ pub struct Received {
     pub snapshot: VmSnapshot,
     stopped_at_unix_ns: u64,
     status: Arc<SharedStatus>,
+    /// How each page arrived (and the source's checksums): for reports.
+    history: Arc<PageHistory>,
     writer: TcpStream,
     postcopy: Option<PostcopyRun>,
 }
@@ -415,6 +496,11 @@ impl Received {
     /// The migration's report, for the API.
     pub fn status(&self) -> Arc<SharedStatus> {
         self.status.clone()
+    }
+
+    /// How each page arrived, for failure reports.
+    pub fn history(&self) -> Arc<PageHistory> {
+        self.history.clone()
     }
 
     /// The vCPUs run: tell the source, record the downtime, and (postcopy)
@@ -651,6 +737,7 @@ mod tests {
         ])
         .unwrap();
         let layout = RamLayout::new(&memory);
+        let history = PageHistory::new(layout.clone());
         let written = PageBitmap::new(layout.pages());
         for i in 0..layout.pages() {
             // SAFETY: a byte of a page of `memory`, alive for the test.
@@ -659,7 +746,7 @@ mod tests {
         }
         // A run inside the low region, one that ends at its last page,
         // and one in the high region.
-        discard_pages(&layout, &written, &[(1, 3), (6, 2), (0x10_0002, 4)]).unwrap();
+        discard_pages(&history, &written, &[(1, 3), (6, 2), (0x10_0002, 4)]).unwrap();
         let gone: Vec<usize> = (0..layout.pages()).filter(|&i| !written.get(i)).collect();
         assert_eq!(gone, vec![1, 2, 3, 6, 7, 10, 11, 12, 13]);
         for i in 0..layout.pages() {
@@ -667,7 +754,8 @@ mod tests {
             assert_eq!(zero, gone.contains(&i), "page index {i}");
         }
         // A run that runs past the end of RAM is refused.
-        let err = discard_pages(&layout, &written, &[(0x10_0006, 3)]).unwrap_err();
+        assert!(history.record(2).unwrap().discarded_at_switchover);
+        let err = discard_pages(&history, &written, &[(0x10_0006, 3)]).unwrap_err();
         assert!(err.to_string().contains("not RAM"), "{err}");
     }
 }

@@ -7,6 +7,8 @@
 //! - [`protocol`]: the framed, checksummed stream;
 //! - [`pages`]: guest pages, RAM-order indices and shared page bitmaps;
 //! - [`dirty`]: the source's dirty log over RAM (KVM's and the VMM's);
+//! - [`history`]: how and when each page arrived on the destination, and
+//!   the source's page checksums (`--verify-pages`);
 //! - [`source`]: `ctl migrate`: rounds, the switch-over, serving postcopy;
 //! - [`destination`]: `run --incoming`: taking pages and state in;
 //! - [`postcopy`]: the destination's userfaultfd fault handler and page
@@ -15,6 +17,7 @@
 
 pub mod destination;
 pub mod dirty;
+pub mod history;
 pub mod pages;
 pub mod postcopy;
 pub mod protocol;
@@ -84,6 +87,9 @@ pub enum MigrationError {
     Kvm(&'static str, kvm_ioctls::Error),
     #[error("userfaultfd: {0}")]
     Uffd(String),
+    /// `--verify-pages` found pages that differ from the source's.
+    #[error("--verify-pages: {0}")]
+    WrongPages(String),
     #[error("unexpected {got} message {when}")]
     Unexpected {
         got: &'static str,

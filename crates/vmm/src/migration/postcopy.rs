@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use userfaultfd::{Event, FeatureFlags, RegisterMode, Uffd, UffdBuilder};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::history::{PageHistory, WrongPage};
 use super::pages::{PageBitmap, RamLayout};
 use super::protocol::{write_message, Message, PageKind, PAGE_SIZE};
 use super::status::{RunFraction, SharedStatus};
@@ -80,6 +81,8 @@ pub fn guest_async_pf(vcpu_msrs: &[&[MsrValue]]) -> bool {
 /// What the fault thread and the page placement share.
 pub struct PostcopyShared {
     layout: RamLayout,
+    /// How each page arrived; the source's checksums (`--verify-pages`).
+    history: Arc<PageHistory>,
     uffd: Uffd,
     /// Pages in place.
     pub received: PageBitmap,
@@ -104,12 +107,13 @@ impl PostcopyShared {
     /// Registers RAM with a new userfaultfd (missing-page mode); `received`
     /// says which pages are already in place (precopy rounds of a hybrid).
     pub fn register(
-        layout: RamLayout,
+        history: Arc<PageHistory>,
         received: PageBitmap,
         writer: TcpStream,
         status: Arc<SharedStatus>,
         vcpus: usize,
     ) -> Result<Arc<PostcopyShared>, MigrationError> {
+        let layout = history.layout().clone();
         // Kernel-mode faults must reach us: KVM faults on guest RAM on the
         // vCPU's behalf, in the kernel (hence not user_mode_only).
         let uffd = UffdBuilder::new()
@@ -130,6 +134,7 @@ impl PostcopyShared {
         let pages = layout.pages();
         Ok(Arc::new(PostcopyShared {
             layout,
+            history,
             uffd,
             received,
             requested: PageBitmap::new(pages),
@@ -188,13 +193,15 @@ impl PostcopyShared {
                 }
                 n += 1;
             }
-            self.copy_in(index, n, Some(&data[k * PAGE_SIZE..(k + n) * PAGE_SIZE]))
-                .map_err(|e| {
-                    MigrationError::Uffd(format!("placing page {:#x}: {e}", first + k as u64))
-                })?;
+            let run = &data[k * PAGE_SIZE..(k + n) * PAGE_SIZE];
+            self.verify(kind, index, n, Some(run))?;
+            self.copy_in(index, n, Some(run)).map_err(|e| {
+                MigrationError::Uffd(format!("placing page {:#x}: {e}", first + k as u64))
+            })?;
             for i in index..index + n {
                 self.received.set(i);
             }
+            self.history.arrived(kind, index, n, false);
             self.status.update(|s| s.pages.add(kind, n as u64));
             self.resolve(index, n);
             k += n;
@@ -229,7 +236,9 @@ impl PostcopyShared {
                 if self.received.get(index) {
                     continue;
                 }
+                self.verify(kind, index, 1, None)?;
                 self.received.set(index);
+                self.history.arrived(kind, index, 1, true);
                 marked += 1;
                 if pending.contains_key(&index) {
                     waited.push(index);
@@ -313,6 +322,35 @@ impl PostcopyShared {
             }
         }
         Ok(())
+    }
+
+    /// `--verify-pages`: checks `n` pages at `index` about to be placed
+    /// from `bytes` (`None`: one page of zeros) against the source's
+    /// checksums. A difference stops the migration before the page is
+    /// placed: the guest never sees it.
+    fn verify(
+        &self,
+        kind: PageKind,
+        index: usize,
+        n: usize,
+        bytes: Option<&[u8]>,
+    ) -> Result<(), MigrationError> {
+        if !self.history.verifying() {
+            return Ok(());
+        }
+        let wrong: Vec<WrongPage> = (0..n)
+            .filter_map(|k| {
+                let page = bytes.map(|b| &b[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]);
+                self.history.check(index + k, Some(kind), page).err()
+            })
+            .collect();
+        super::destination::record_wrong(&self.status, n as u64, &wrong);
+        match wrong.first() {
+            None => Ok(()),
+            Some(first) => Err(MigrationError::WrongPages(format!(
+                "a page from the source differs from the source's checksum: {first}"
+            ))),
+        }
     }
 
     /// Records the faults that waited for pages `index..index+n`.
@@ -638,8 +676,9 @@ mod tests {
             8,
         )));
         let received = PageBitmap::new(layout.pages());
+        let history = Arc::new(PageHistory::new(layout.clone()));
         let shared =
-            match PostcopyShared::register(layout.clone(), received, writer, status.clone(), 1) {
+            match PostcopyShared::register(history.clone(), received, writer, status.clone(), 1) {
                 Ok(shared) => shared,
                 Err(e) => {
                     // userfaultfd with kernel faults needs root (or
@@ -664,6 +703,8 @@ mod tests {
         assert_eq!(first_bytes, [0, 0xee, 0xab, 0xab, 0xab, 0, 0xab, 0]);
         assert_eq!(status.get().pages.already_present, 1);
         assert_eq!(status.get().pages.background, 5);
+        assert_eq!(history.record(6).unwrap().arrived, "background");
+        assert_eq!(history.record(0).unwrap().arrived, "never");
     }
 
     #[test]

@@ -10,8 +10,8 @@
 //! longer than [`MAX_PAYLOAD`] ends the migration with a one-line error:
 //! nothing from a damaged stream reaches guest memory.
 //!
-//! Source → destination: `Hello`, `Pages`, `Zero`, `Postcopy`, `State`,
-//! `Done`. Destination → source: `Welcome`, `Refused`, `Request`,
+//! Source → destination: `Hello`, `Pages`, `Zero`, `Postcopy`,
+//! `Checksums`, `State`, `Done`. Destination → source: `Welcome`, `Refused`, `Request`,
 //! `Running`, `Complete`, `Received` (after a resume).
 
 use std::io::{self, Read, Write};
@@ -91,6 +91,10 @@ pub enum Message {
     /// of `(first, count)`) were sent earlier but changed since: the
     /// destination drops its copies and will fault them in again.
     Postcopy { discard: Vec<(u64, u32)> },
+    /// Source → destination, with `--verify-pages`, once the guest is
+    /// stopped and before its state: the CRC32 of every page of RAM, in
+    /// RAM order, as the destination must end up with it.
+    Checksums(Vec<u32>),
     /// Source → destination: CPU and device state (JSON), after every page
     /// of a precopy or the discard list of a postcopy.
     State(Vec<u8>),
@@ -120,6 +124,7 @@ const TAG_REQUEST: u8 = 9;
 const TAG_RUNNING: u8 = 10;
 const TAG_COMPLETE: u8 = 11;
 const TAG_RECEIVED: u8 = 12;
+const TAG_CHECKSUMS: u8 = 13;
 
 /// What went wrong reading or writing the stream.
 #[derive(Debug, thiserror::Error)]
@@ -186,6 +191,10 @@ impl Message {
                 }
                 (TAG_POSTCOPY, p)
             }
+            Message::Checksums(crcs) => (
+                TAG_CHECKSUMS,
+                crcs.iter().flat_map(|c| c.to_le_bytes()).collect(),
+            ),
             Message::State(json) => (TAG_STATE, json.clone()),
             Message::Done => (TAG_DONE, Vec::new()),
             Message::Request { first, count } => {
@@ -254,6 +263,20 @@ impl Message {
                     .collect();
                 Message::Postcopy { discard }
             }
+            TAG_CHECKSUMS => {
+                if !payload.len().is_multiple_of(4) {
+                    return Err(corrupt(format!(
+                        "checksums frame of {} bytes",
+                        payload.len()
+                    )));
+                }
+                Message::Checksums(
+                    payload
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                        .collect(),
+                )
+            }
             TAG_STATE => Message::State(payload),
             TAG_DONE => {
                 exact(0, "done")?;
@@ -290,6 +313,7 @@ impl Message {
             Message::Pages { .. } => "pages",
             Message::Zero { .. } => "zero",
             Message::Postcopy { .. } => "postcopy",
+            Message::Checksums(_) => "checksums",
             Message::State(_) => "state",
             Message::Done => "done",
             Message::Request { .. } => "request",
@@ -377,6 +401,7 @@ mod tests {
             discard: vec![(1, 2), (100, 1)],
         });
         round_trip(Message::Postcopy { discard: vec![] });
+        round_trip(Message::Checksums(vec![0xdead_beef, 0, 7]));
         round_trip(Message::State(b"{}".to_vec()));
         round_trip(Message::Done);
         round_trip(Message::Request { first: 5, count: 1 });
@@ -430,6 +455,7 @@ mod tests {
             (TAG_ZERO, vec![0u8; 12]),
             (TAG_PAGES, vec![0u8; 9 + 100]),
             (TAG_POSTCOPY, vec![5, 0, 0, 0]),
+            (TAG_CHECKSUMS, vec![0u8; 7]),
             (TAG_ZERO, {
                 let mut p = vec![9u8];
                 p.extend_from_slice(&[0; 12]);

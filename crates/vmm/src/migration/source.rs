@@ -20,6 +20,7 @@ use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
 
 use super::dirty::RamDirtyLog;
+use super::history::page_crc;
 use super::pages::{is_zero_page, PageBitmap, RamLayout};
 use super::protocol::{
     read_message, write_message, Message, PageKind, StreamError, MAX_RUN_PAGES, PAGE_SIZE,
@@ -64,6 +65,11 @@ pub struct MigrationRequest {
     pub max_bandwidth_mib: Option<u32>,
     /// Resume a postcopy whose connection dropped, over a new one to `to`.
     pub resume: bool,
+    /// Send the CRC32 of every page once the guest is stopped; the
+    /// destination checks every page against it (a test and diagnosis
+    /// mode: the checksums take a pass over RAM inside the downtime).
+    #[serde(default)]
+    pub verify_pages: bool,
 }
 
 /// Pauses and resumes the VM's vCPUs for the migration (the API's pause).
@@ -137,6 +143,7 @@ impl MigrationSource {
             request.to.clone(),
             layout.pages() as u64,
         )));
+        status.update(|s| s.verify_pages = request.verify_pages);
         *current = Some(status.clone());
         let job = SourceJob {
             vm_fd: self.vm_fd.clone(),
@@ -283,15 +290,32 @@ impl SourceJob {
             stopped_at_unix_ns,
             snapshot,
         })?;
+        // RAM is as the destination must end up with it from here on.
+        let checksums = self.request.verify_pages.then(|| {
+            Message::Checksums(
+                (0..pages)
+                    .map(|i| page_crc(self.layout.page_bytes(i)))
+                    .collect(),
+            )
+        });
 
         if !postcopy {
             // Stop-and-copy: the rest of the dirty pages, the state, done.
             self.send_set(&mut out, &dirty, &sent, PageKind::Precopy)?;
+            if let Some(checksums) = &checksums {
+                out.send(checksums)?;
+            }
             out.send(&Message::State(state))?;
             out.send(&Message::Done)?;
             out.flush()?;
             *stage = Stage::AfterSwitchover;
-            self.wait_running(&mut reader, stopped, stopped_at_unix_ns)?;
+            if let Err(e) = self.wait_running(&mut reader, stopped, stopped_at_unix_ns) {
+                if matches!(e, MigrationError::Refused(_)) {
+                    // The destination never ran the guest: it goes on here.
+                    *stage = Stage::BeforeSwitchover { paused: true };
+                }
+                return Err(e);
+            }
             let _ = stream.shutdown(Shutdown::Both);
             return Ok(());
         }
@@ -303,6 +327,9 @@ impl SourceJob {
             sent.clear(i);
         }
         out.send(&Message::Postcopy { discard })?;
+        if let Some(checksums) = &checksums {
+            out.send(checksums)?;
+        }
         out.send(&Message::State(state))?;
         out.flush()?;
         *stage = Stage::AfterSwitchover;
@@ -337,6 +364,12 @@ impl SourceJob {
                 Err(e) if e.is_disconnect() => {
                     let _ = stream.shutdown(Shutdown::Both);
                     connection = self.wait_and_resume(&e, &sent)?;
+                }
+                // It refused the state before running the guest (e.g. a
+                // page failed --verify-pages): the guest goes on here.
+                Err(e @ MigrationError::Refused(_)) if !running => {
+                    *stage = Stage::BeforeSwitchover { paused: true };
+                    return Err(e);
                 }
                 Err(e) => return Err(e),
             }
@@ -717,6 +750,7 @@ impl SourceJob {
                     Ok(Heard::Running)
                 }
                 Message::Complete => Ok(Heard::Complete),
+                Message::Refused(why) => Err(MigrationError::Refused(why)),
                 other => Err(MigrationError::Unexpected {
                     got: other.name(),
                     when: "during postcopy",

@@ -45,6 +45,10 @@ pub struct PageCounts {
     /// was already taken (UFFDIO_COPY: EEXIST), so their bytes were not
     /// written. Nothing should ever take that place: not zero is a bug.
     pub already_present: u64,
+    /// `--verify-pages`, destination: pages checked against the source's
+    /// checksum, and those that differed (each a bug, or damage).
+    pub verified: u64,
+    pub wrong: u64,
 }
 
 impl PageCounts {
@@ -198,6 +202,11 @@ pub struct MigrationStatus {
     pub guest_async_pf: Option<bool>,
     /// The connection dropped and was resumed this many times.
     pub resumes: u32,
+    /// `ctl migrate --verify-pages`: the source sent a checksum of every
+    /// page and the destination checks each page against it.
+    pub verify_pages: bool,
+    /// Destination: the first pages found to differ from the source's.
+    pub wrong_pages: Vec<super::history::WrongPage>,
 }
 
 impl MigrationStatus {
@@ -228,6 +237,8 @@ impl MigrationStatus {
             run_fraction: Vec::new(),
             guest_async_pf: None,
             resumes: 0,
+            verify_pages: false,
+            wrong_pages: Vec::new(),
         }
     }
 
