@@ -13,6 +13,7 @@ pub mod layout;
 pub mod paging;
 pub mod regs;
 pub mod reset_vector;
+pub mod translate;
 
 /// Errors while describing the machine to the guest.
 #[derive(Debug, thiserror::Error)]
