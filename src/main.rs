@@ -111,6 +111,12 @@ struct RunArgs {
     /// --cpus, --memory and devices (docs/migration.md).
     #[arg(long, value_name = "tcp:ADDR:PORT", value_parser = parse_tcp)]
     incoming: Option<String>,
+    /// Write a failure report (JSON: vCPU registers, where RIP and the
+    /// stack are, the pages involved and, after a migration, where they
+    /// came from) into this directory when a vCPU triple-faults or KVM
+    /// fails it; also `ctl dump`'s default place.
+    #[arg(long, value_name = "DIR")]
+    dump_dir: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -201,6 +207,14 @@ enum CtlCommandArg {
     },
     /// Show the current or last migration's report (JSON), on either side.
     Migration,
+    /// Write a failure report of the VM as it is now (vCPU registers,
+    /// where RIP and the stack are, the pages involved and, after a
+    /// migration, where they came from), for a guest that seems stuck.
+    Dump {
+        /// The report's file (default: a new file in the VM's --dump-dir).
+        #[arg(long, value_name = "FILE")]
+        path: Option<PathBuf>,
+    },
     /// Save the whole VM to a file (pausing it meanwhile); `run --restore
     /// FILE` continues it (docs/snapshot.md).
     Snapshot {
@@ -344,6 +358,7 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
         display: args.display,
         restore: args.restore,
         incoming: args.incoming,
+        dump_dir: args.dump_dir,
         virtio: VirtioConfig {
             disks: args.disk,
             nets: args.net,
@@ -394,16 +409,12 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
         CtlCommandArg::Display { dirty, refresh } => {
             api::CtlCommand::DisplaySet(api::DisplaySettings { dirty, refresh })
         }
-        CtlCommandArg::Snapshot { path } => {
-            let path = std::path::absolute(&path)
-                .map_err(|e| format!("--path {}: {e}", path.display()))?;
-            let path = path
-                .to_str()
-                .ok_or_else(|| format!("--path {} is not UTF-8", path.display()))?
-                .to_string();
-            api::CtlCommand::Snapshot(path)
-        }
+        CtlCommandArg::Snapshot { path } => api::CtlCommand::Snapshot(absolute_utf8(&path)?),
         CtlCommandArg::Migration => api::CtlCommand::Migration,
+        CtlCommandArg::Dump { path } => api::CtlCommand::Dump(match path {
+            Some(path) => Some(absolute_utf8(&path)?),
+            None => None,
+        }),
         CtlCommandArg::Migrate {
             to,
             mode,
@@ -442,6 +453,16 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
         println!("{output}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A `--path` made absolute (the VMM may run elsewhere), as UTF-8.
+fn absolute_utf8(path: &Path) -> Result<String, String> {
+    let absolute =
+        std::path::absolute(path).map_err(|e| format!("--path {}: {e}", path.display()))?;
+    absolute
+        .to_str()
+        .map(String::from)
+        .ok_or_else(|| format!("--path {} is not UTF-8", absolute.display()))
 }
 
 fn parse_dirty(text: &str) -> Result<api::DirtyDetection, String> {

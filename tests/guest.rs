@@ -118,6 +118,100 @@ fn reboot_ends_the_vmm() {
     assert!(vmm.stderr().contains("rebooted"), "{}", vmm.stderr());
 }
 
+/// `ctl dump` writes a report of a running guest, and a triple fault (the
+/// kernel's `reboot=t` method: an empty IDT, then int3) writes one by
+/// itself into `--dump-dir` and says where in one line.
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn dumps_report_a_running_guest_and_a_triple_fault() {
+    require_hardware_kvm();
+    let dir = std::env::temp_dir().join(format!("hakoniwa-dumps-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let socket = common::temp_socket("dump");
+    let mut vmm = Vmm::spawn(&[
+        "run",
+        "--cmdline",
+        "console=ttyS0 quiet io_delay=none panic=-1 reboot=t",
+        "--dump-dir",
+        dir.to_str().unwrap(),
+        "--api-socket",
+        &socket,
+    ]);
+    vmm.wait_for(PROMPT);
+    let read_json = |path: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+
+    // On demand: the VM is paused for a moment and goes on.
+    let (ok, out) = common::ctl(&socket, &["dump"]);
+    assert!(ok, "{out}");
+    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let report = read_json(answer["path"].as_str().unwrap());
+    let vcpu = &report["vcpus"][0];
+    assert_eq!(vcpu["exit"], "paused", "{vcpu}");
+    assert_eq!(vcpu["paging"], "4-level", "{vcpu}");
+    let rip = &vcpu["translations"][0];
+    assert_eq!(rip["what"], "rip");
+    assert_eq!(rip["result"], "mapped", "{rip}");
+    assert!(vcpu["code"].as_str().unwrap().contains('['), "{vcpu}");
+    let rip_page = rip["physical"].as_str().unwrap();
+    let rip_page = u64::from_str_radix(rip_page.trim_start_matches("0x"), 16).unwrap() & !0xfff;
+    let page = report["pages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["address"] == format!("{rip_page:#x}"))
+        .expect("RIP's page is listed");
+    assert_eq!(page["in_memory"], true, "{page}");
+    assert!(report["console_tail"]
+        .as_str()
+        .unwrap()
+        .contains("hakoniwa:/# "));
+    assert_eq!(vmm.shell("echo $((6*7))").trim(), "42");
+
+    // A triple fault: the report is written and named on stderr.
+    vmm.send("reboot -f\n");
+    let status = vmm.wait_exit(GUEST_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "{}", vmm.stderr());
+    let stderr = vmm.stderr();
+    assert!(stderr.contains("the guest triple-faulted"), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("; report: "))
+        .unwrap_or_else(|| panic!("no report line: {stderr}"));
+    assert!(line.contains("vCPU 0 (shutdown (triple fault))"), "{line}");
+    let path = line.rsplit("; report: ").next().unwrap().trim();
+    let report = read_json(path);
+    let vcpu = &report["vcpus"][0];
+    assert_eq!(vcpu["exit"], "shutdown (triple fault)", "{vcpu}");
+    if vcpu["state_note"].is_null() {
+        // Intel keeps the state of the fault: reboot=t loads an IDT of no
+        // entries before its int3.
+        assert!(line.contains(") at RIP 0x"), "{line}");
+        assert!(
+            vcpu["segments"]["idt"]
+                .as_str()
+                .unwrap()
+                .ends_with("limit 0x0"),
+            "{vcpu}"
+        );
+    } else {
+        // AMD resets the vCPU at the shutdown intercept: said so, and
+        // the registers are INIT's.
+        assert!(line.contains("registers are lost"), "{line}");
+        assert_eq!(vcpu["regs"]["rip"], "0xfff0", "{vcpu}");
+    }
+    // The guest's last words are in it either way.
+    assert!(
+        report["console_tail"]
+            .as_str()
+            .unwrap()
+            .contains("reboot -f"),
+        "{report}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 #[ignore = "boots a real guest: run through the rig (scripts/test)"]
 fn sigterm_ends_the_vmm_cleanly() {

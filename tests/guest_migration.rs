@@ -176,6 +176,31 @@ fn precopy_then_postcopy_then_hybrid_keep_the_guest_and_its_memory() {
     assert!(ok, "postcopy: {out}\n{}", b.stderr());
     check_arrived(&mut b, &mut c, &sum, before);
     let r = report(&s3);
+    check_verified(&r, 131072);
+    // A report of the migrated-in guest says where its pages came from.
+    let dump = std::env::temp_dir().join(format!("hakoniwa-mig-dump-{}.json", std::process::id()));
+    let (ok, out) = ctl(&s3, &["dump", "--path", dump.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let dump_report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&dump).unwrap()).unwrap();
+    std::fs::remove_file(&dump).unwrap();
+    let pages = dump_report["pages"].as_array().unwrap();
+    assert!(!pages.is_empty(), "{dump_report}");
+    for page in pages {
+        let arrived = page["migration"]["arrived"].as_str().unwrap_or("");
+        assert!(
+            ["demand", "prefetch", "background"].contains(&arrived),
+            "every page came by postcopy: {page}"
+        );
+        assert!(
+            page["verdict"].as_str().unwrap().starts_with("arrived by"),
+            "{page}"
+        );
+    }
+    assert_eq!(
+        dump_report["migration"]["role"], "destination",
+        "{dump_report}"
+    );
     assert_eq!(r["phase"], "completed", "{r}");
     assert_eq!(r["mode"], "postcopy", "{r}");
     let faults = &r["faults"];

@@ -121,6 +121,11 @@ pub enum ApiAction {
     /// The current or last migration's report, on either side; answered
     /// with [`ApiResponse::Migration`].
     MigrationInfo,
+    /// Write a failure report of the VM as it is now (vCPU registers,
+    /// where RIP and the stack are, the pages involved; for a guest that
+    /// seems stuck), pausing it for a moment; answered with
+    /// [`ApiResponse::Dump`].
+    Dump(DumpRequest),
 }
 
 /// How to migrate (docs/migration.md).
@@ -168,6 +173,25 @@ pub struct MigrateRequest {
     /// VM on a difference (default false; a test and diagnosis mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify_pages: Option<bool>,
+}
+
+/// Body of `PUT /api/v1/vm.dump`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DumpRequest {
+    /// The report's file, as the VMM sees the filesystem (default: a new
+    /// file in the VM's `--dump-dir`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+/// Answer to `PUT /api/v1/vm.dump`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DumpInfo {
+    /// Where the report was written.
+    pub path: String,
+    /// Its first line: the vCPU, RIP and what its page says.
+    pub summary: String,
 }
 
 /// Body of `PUT /api/v1/vm.snapshot`.
@@ -342,6 +366,8 @@ pub enum ApiResponse {
     /// Answer to [`ApiAction::MigrationInfo`]: the migration's report
     /// (docs/migration.md lists the fields).
     Migration(serde_json::Value),
+    /// Answer to [`ApiAction::Dump`].
+    Dump(DumpInfo),
 }
 
 /// Refusal or failure of an [`ApiAction`], carrying the HTTP status to send.

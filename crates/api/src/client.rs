@@ -12,7 +12,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use crate::action::{
-    ApiAction, BalloonTarget, DisplaySettings, ErrorBody, MigrateRequest, MmuSettings,
+    ApiAction, BalloonTarget, DisplaySettings, DumpRequest, ErrorBody, MigrateRequest, MmuSettings,
     SnapshotRequest, SptPages,
 };
 use crate::http::{self, is_timeout, parse_response_head, read_more, write_all_by};
@@ -217,6 +217,9 @@ pub enum CtlCommand {
     Migrate(MigrateRequest),
     /// Print the current or last migration's report.
     Migration,
+    /// Write a failure report of the VM as it is now (to this file, or
+    /// into the VM's --dump-dir).
+    Dump(Option<String>),
 }
 
 impl CtlCommand {
@@ -247,6 +250,7 @@ impl CtlCommand {
             CtlCommand::Snapshot(_) => "snapshot",
             CtlCommand::Migrate(_) => "migrate",
             CtlCommand::Migration => "migration",
+            CtlCommand::Dump(_) => "dump",
         }
     }
 
@@ -269,6 +273,7 @@ impl CtlCommand {
             CtlCommand::Snapshot(path) => ApiAction::Snapshot(SnapshotRequest { path }),
             CtlCommand::Migrate(request) => ApiAction::Migrate(request),
             CtlCommand::Migration => ApiAction::MigrationInfo,
+            CtlCommand::Dump(path) => ApiAction::Dump(DumpRequest { path }),
         }
     }
 
@@ -289,6 +294,7 @@ impl CtlCommand {
             CtlCommand::Snapshot(_) => "snapshot written",
             CtlCommand::Migrate(_) => "migration started",
             CtlCommand::Migration => "no migration information returned",
+            CtlCommand::Dump(_) => "no report returned",
         }
     }
 }
@@ -328,7 +334,7 @@ pub fn run_ctl(socket: &Path, command: &CtlCommand) -> Result<String, Error> {
         .to_request()
         .map_err(|e| Error::InvalidRequest(format!("cannot encode request: {e}")))?;
     let timeout = match command {
-        CtlCommand::Snapshot(_) => SNAPSHOT_TIMEOUT,
+        CtlCommand::Snapshot(_) | CtlCommand::Dump(_) => SNAPSHOT_TIMEOUT,
         _ => DEFAULT_TIMEOUT,
     };
     let (status, body) = request_with_timeout(

@@ -172,6 +172,7 @@ routes! {
     Put "/api/v1/vm.snapshot" => Snapshot(request);
     Put "/api/v1/vm.migrate"  => Migrate(request);
     Get "/api/v1/vm.migration" => MigrationInfo;
+    Put "/api/v1/vm.dump"     => Dump(request);
 }
 
 /// Result of looking a request up in [`ROUTES`].
@@ -254,6 +255,9 @@ mod tests {
                 verify_pages: Some(true),
             }),
             ApiAction::MigrationInfo,
+            ApiAction::Dump(crate::action::DumpRequest {
+                path: Some("/tmp/report.json".into()),
+            }),
         ];
         assert_eq!(actions.len(), ROUTES.len());
         for action in actions {

@@ -52,8 +52,9 @@ use std::time::Duration;
 
 pub use action::{
     ApiAction, ApiError, ApiResponse, BalloonInfo, BalloonTarget, DeviceInfo, DirtyDetection,
-    DisplaySettings, ErrorBody, MigrateMode, MigrateRequest, MmuInfo, MmuSettings, RefreshTrigger,
-    SnapshotRequest, SptPages, VmController, VmInfo, VmState, VmmVersion,
+    DisplaySettings, DumpInfo, DumpRequest, ErrorBody, MigrateMode, MigrateRequest, MmuInfo,
+    MmuSettings, RefreshTrigger, SnapshotRequest, SptPages, VmController, VmInfo, VmState,
+    VmmVersion,
 };
 pub use client::{run_ctl, CtlCommand};
 pub use server::{ApiServer, ServerOptions};

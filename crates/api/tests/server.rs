@@ -104,6 +104,10 @@ impl VmController for FakeVmm {
             ApiAction::MigrationInfo => Ok(ApiResponse::Migration(
                 serde_json::json!({"phase": "precopy"}),
             )),
+            ApiAction::Dump(request) => Ok(ApiResponse::Dump(api::DumpInfo {
+                path: request.path.unwrap_or_else(|| "/dumps/1.json".into()),
+                summary: "requested: vCPU 0 (paused) at RIP 0x1000".into(),
+            })),
         }
     }
 }
@@ -862,6 +866,23 @@ fn snapshot_endpoint_carries_the_path() {
     )
     .unwrap();
     assert_eq!(status, 400, "{body}");
+}
+
+#[test]
+fn dump_endpoint_returns_where_the_report_went() {
+    let h = start();
+    let out = client::run_ctl(&h.path, &CtlCommand::Dump(None)).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["path"], "/dumps/1.json");
+    assert!(v["summary"].as_str().unwrap().contains("RIP 0x1000"));
+    let out = client::run_ctl(&h.path, &CtlCommand::Dump(Some("/tmp/r.json".into()))).unwrap();
+    assert!(out.contains("/tmp/r.json"), "{out}");
+    assert_eq!(
+        h.vmm.actions.lock().unwrap().last(),
+        Some(&ApiAction::Dump(api::DumpRequest {
+            path: Some("/tmp/r.json".into())
+        }))
+    );
 }
 
 #[test]

@@ -42,6 +42,9 @@ pub struct VmConfig {
     /// `--incoming tcp:ADDR:PORT` (as `ADDR:PORT`): take the VM a migration
     /// sends instead of booting (docs/migration.md).
     pub incoming: Option<String>,
+    /// `--dump-dir`: where a failure report goes when a vCPU triple-faults
+    /// or KVM fails it, and `ctl dump`'s default (crate::dump).
+    pub dump_dir: Option<std::path::PathBuf>,
 }
 
 /// Virtio devices as the command line gives them: each a `key=value,...`

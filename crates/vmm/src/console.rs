@@ -77,11 +77,15 @@ const HELP: &str =
     "\r\nhakoniwa console: Ctrl-A x  quit | Ctrl-A Ctrl-A  send Ctrl-A | Ctrl-A h  this help\r\n";
 
 /// The guest's console output, written straight to stdout so prompts
-/// without a newline show up at once.
-pub struct ConsoleOutput;
+/// without a newline show up at once, and its last bytes kept for failure
+/// reports (crate::dump).
+pub struct ConsoleOutput {
+    pub tail: ConsoleTail,
+}
 
 impl Write for ConsoleOutput {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tail.push(buf);
         let mut out = std::io::stdout().lock();
         out.write_all(buf)?;
         out.flush()?;
@@ -90,6 +94,28 @@ impl Write for ConsoleOutput {
 
     fn flush(&mut self) -> std::io::Result<()> {
         std::io::stdout().flush()
+    }
+}
+
+/// The last [`ConsoleTail::KEPT`] bytes the guest wrote to its console.
+#[derive(Clone, Default)]
+pub struct ConsoleTail(Arc<Mutex<std::collections::VecDeque<u8>>>);
+
+impl ConsoleTail {
+    pub const KEPT: usize = 16 << 10;
+
+    fn push(&self, bytes: &[u8]) {
+        let mut tail = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let bytes = &bytes[bytes.len().saturating_sub(Self::KEPT)..];
+        let excess = (tail.len() + bytes.len()).saturating_sub(Self::KEPT);
+        tail.drain(..excess);
+        tail.extend(bytes);
+    }
+
+    /// What was kept, as text.
+    pub fn text(&self) -> String {
+        let tail = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&tail.iter().copied().collect::<Vec<u8>>()).into_owned()
     }
 }
 
@@ -186,6 +212,19 @@ fn feed_guest(serial: &Mutex<Serial>, input_space: &EventFd, mut bytes: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_console_tail_keeps_the_last_bytes() {
+        let tail = ConsoleTail::default();
+        tail.push(b"hello ");
+        tail.push(b"world");
+        assert_eq!(tail.text(), "hello world");
+        tail.push(&vec![b'x'; ConsoleTail::KEPT]);
+        tail.push(b"!");
+        let text = tail.text();
+        assert_eq!(text.len(), ConsoleTail::KEPT);
+        assert!(text.ends_with("x!") && !text.contains('w'));
+    }
 
     #[test]
     fn plain_bytes_pass_through() {

@@ -121,6 +121,7 @@ pub struct VmControl {
     /// A snapshot is being taken: the VM must stay paused until it is done.
     snapshotting: AtomicBool,
     migration: Option<Arc<MigrationReports>>,
+    inspector: Option<Arc<crate::dump::Inspector>>,
 }
 
 impl VmControl {
@@ -143,7 +144,36 @@ impl VmControl {
             snapshot: None,
             snapshotting: AtomicBool::new(false),
             migration: None,
+            inspector: None,
         }
+    }
+
+    /// Serves `vm.dump` (a failure report of the running VM).
+    pub fn with_inspector(mut self, inspector: Arc<crate::dump::Inspector>) -> Self {
+        self.inspector = Some(inspector);
+        self
+    }
+
+    /// Writes a failure report of the VM as it is now (for a guest that
+    /// seems stuck): to `path`, or into `--dump-dir`.
+    fn dump(&self, path: Option<&str>) -> Result<ApiResponse, ApiError> {
+        let inspector = self
+            .inspector
+            .as_deref()
+            .ok_or_else(|| ApiError::not_implemented("this VM cannot write reports"))?;
+        if self.state() == VmState::ShuttingDown {
+            return Err(ApiError::conflict("the VM is shutting down"));
+        }
+        if self.snapshotting.load(Ordering::SeqCst) {
+            return Err(ApiError::conflict("a snapshot is being taken"));
+        }
+        let (file, summary) = inspector
+            .dump_running(self.pauser.as_ref(), path.map(Path::new))
+            .map_err(ApiError::conflict)?;
+        Ok(ApiResponse::Dump(api::DumpInfo {
+            path: file.display().to_string(),
+            summary,
+        }))
     }
 
     /// Serves `vm.migrate` (this VM as a migration's source) and
@@ -436,6 +466,7 @@ impl VmController for VmControl {
             ApiAction::Snapshot(request) => self.snapshot(&request.path),
             ApiAction::Migrate(request) => self.migrate(request),
             ApiAction::MigrationInfo => self.migration_info(),
+            ApiAction::Dump(request) => self.dump(request.path.as_deref()),
         }
     }
 }

@@ -13,13 +13,15 @@
 //! - [`mmu`], [`stats`]: the shadow-paging budget and KVM's statistics;
 //! - [`metrics`]: the periodic metrics file (`--metrics`);
 //! - [`snapshot`]: saving a VM to a file and restoring it (`--restore`);
-//! - [`migration`]: live migration (`ctl migrate`, `run --incoming`).
+//! - [`migration`]: live migration (`ctl migrate`, `run --incoming`);
+//! - [`dump`]: failure reports (`run --dump-dir`, `ctl dump`).
 
 pub mod boot;
 pub mod config;
 pub mod console;
 pub mod controller;
 pub mod display;
+pub mod dump;
 pub mod event;
 pub mod memory;
 pub mod metrics;

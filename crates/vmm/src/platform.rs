@@ -33,7 +33,7 @@ use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::VirtioConfig;
-use crate::console::ConsoleOutput;
+use crate::console::{ConsoleOutput, ConsoleTail};
 use crate::controller::DeviceDescription;
 use crate::memory::GuestMemoryMmap;
 use crate::Error;
@@ -45,6 +45,8 @@ pub struct Platform {
     pub serial: Arc<Mutex<Serial>>,
     /// Signalled when the guest drained COM1's input FIFO.
     pub serial_input_space: EventFd,
+    /// COM1's last output, for failure reports.
+    pub console_tail: ConsoleTail,
     pub devices: Vec<DeviceDescription>,
     /// The virtio-pci functions, for snapshots.
     pub virtio: VirtioFunctions,
@@ -67,10 +69,13 @@ impl Platform {
             .map_err(|e| Error::Kvm("KVM_IRQFD", e))?;
         let input_space = EventFd::new(0).map_err(device_error("com1"))?;
         let serial_input_space = input_space.try_clone().map_err(device_error("com1"))?;
+        let console_tail = ConsoleTail::default();
         let serial = Arc::new(Mutex::new(Serial::new(
             interrupt,
             input_space,
-            Box::new(ConsoleOutput),
+            Box::new(ConsoleOutput {
+                tail: console_tail.clone(),
+            }),
         )));
 
         let mut pci = PciConfigIo::new(mmio.clone());
@@ -86,6 +91,7 @@ impl Platform {
             mmio,
             serial: serial.clone(),
             serial_input_space,
+            console_tail,
             devices: Vec::new(),
             pci: pci.clone(),
             routing: MsiRouting::new(vm.clone()),

@@ -16,6 +16,7 @@ use kvm_bindings::{kvm_run, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
+use crate::dump::{capture_vcpu, Captures};
 use crate::event::{EventSender, VmmEvent};
 
 /// Offset from SIGRTMIN of the signal that kicks a vCPU out of KVM_RUN.
@@ -68,6 +69,9 @@ pub struct RunControl {
     changed: Condvar,
     /// (vCPU index, job); locked only with `state` held.
     jobs: Mutex<Vec<(u8, VcpuJob)>>,
+    /// Each vCPU thread reads its state as it stops (for the report on a
+    /// failure of another vCPU; crate::dump).
+    capture_on_stop: std::sync::atomic::AtomicBool,
 }
 
 impl Default for RunControl {
@@ -76,6 +80,7 @@ impl Default for RunControl {
             state: Mutex::new((Desired::Run, 0)),
             changed: Condvar::new(),
             jobs: Mutex::new(Vec::new()),
+            capture_on_stop: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -83,6 +88,12 @@ impl Default for RunControl {
 impl RunControl {
     fn lock(&self) -> std::sync::MutexGuard<'_, (Desired, usize)> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// From now on each vCPU thread reads its state as it stops.
+    pub fn capture_on_stop(&self) {
+        self.capture_on_stop
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Sets the desired state and wakes parked vCPUs.
@@ -184,6 +195,9 @@ pub struct Vcpu {
     pub mmio: Arc<Bus>,
     pub control: Arc<RunControl>,
     pub events: EventSender,
+    /// Where this vCPU's state goes when it fails, or stops after a
+    /// failure (crate::dump).
+    pub captures: Captures,
 }
 
 impl Vcpu {
@@ -211,6 +225,13 @@ impl Vcpu {
                 }
             }
         }
+        if control
+            .capture_on_stop
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            self.captures
+                .put(capture_vcpu(&self.fd, self.index, "stopped"));
+        }
         KVM_RUN_PTR.with(|p| p.set(std::ptr::null_mut()));
     }
 
@@ -226,7 +247,22 @@ impl Vcpu {
             }
             Err(e) => return Err(format!("KVM_RUN failed: {e}")),
         };
-        dispatch(&self.pio, &self.mmio, exit)
+        // Exits that end the VM because of the guest's own state: read
+        // that state now, before anything changes it, for the report.
+        let failure = match &exit {
+            VcpuExit::Shutdown => Some("shutdown (triple fault)".to_string()),
+            VcpuExit::InternalError => Some("KVM internal error".to_string()),
+            VcpuExit::FailEntry(reason, _) => Some(format!("VM entry failed ({reason:#x})")),
+            _ => None,
+        };
+        let result = dispatch(&self.pio, &self.mmio, exit);
+        if let Some(mut what) = failure {
+            if what == "KVM internal error" {
+                what += &internal_error_detail(&mut self.fd);
+            }
+            self.captures.put(capture_vcpu(&self.fd, self.index, what));
+        }
+        result
     }
 
     /// Completes an I/O or MMIO exit the guest has not seen the end of: KVM
@@ -258,6 +294,24 @@ impl Vcpu {
         self.fd.set_kvm_immediate_exit(0);
         Err("pending I/O did not complete".into())
     }
+}
+
+/// The suberror and data words of the KVM_EXIT_INTERNAL_ERROR just taken.
+fn internal_error_detail(fd: &mut VcpuFd) -> String {
+    let run = fd.get_kvm_run();
+    // SAFETY: the last exit was KVM_EXIT_INTERNAL_ERROR, for which KVM
+    // fills the `internal` member of kvm_run's exit union.
+    let internal = unsafe { run.__bindgen_anon_1.internal };
+    let n = (internal.ndata as usize).min(internal.data.len());
+    let data: Vec<String> = internal.data[..n]
+        .iter()
+        .map(|d| format!("{d:#x}"))
+        .collect();
+    format!(
+        ": suberror {} data [{}]",
+        internal.suberror,
+        data.join(", ")
+    )
 }
 
 /// Hands one exit to the buses; returns an event if the VM must end.

@@ -26,6 +26,7 @@ use crate::controller::{VcpuPauser, VmControl, VmDescription};
 use crate::display::{
     boot_framebuffer, default_inputs, layout_cmdline_word, start_display, DisplayMetrics,
 };
+use crate::dump::Inspector;
 use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
 use crate::memory::{create_guest_memory, register_guest_memory, GuestMemoryMmap};
 use crate::metrics::{MetricsSink, MetricsSource, MetricsWriter};
@@ -192,6 +193,18 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         (None, None) => unreachable!("a VM either boots or restores"),
     };
     let xsave_size = snapshot_restore::xsave_size(&vm_fd);
+    // Failure reports (--dump-dir, ctl dump).
+    let inspector = Arc::new(
+        Inspector::new(
+            memory.clone(),
+            vm_fd.clone(),
+            platform.serial.clone(),
+            platform.console_tail.clone(),
+            config.vcpus,
+            config.dump_dir.clone(),
+        )
+        .with_history(received.as_ref().map(|r| r.history())),
+    );
 
     install_kick_handler()?;
     let mut vm = Vm {
@@ -249,6 +262,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
             mmio: platform.mmio.clone(),
             control: control.clone(),
             events: events.clone(),
+            captures: inspector.captures(),
         });
     }
     // Restored devices go on from here: every vCPU's LAPIC is back, so
@@ -329,6 +343,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         )),
         incoming: received.as_ref().map(|r| r.status()),
     });
+    inspector.set_migrations(migrations.clone());
     // Periodic metrics (--metrics): "mmu", "kvm" and "migration"; a device
     // with figures of its own (the display: "display") adds its
     // MetricsSource here.
@@ -352,7 +367,8 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         .with_mmu(mmu)
         .with_display(display.as_ref().map(|d| d.control()))
         .with_snapshot(snapshot_source)
-        .with_migration(migrations),
+        .with_migration(migrations)
+        .with_inspector(inspector.clone()),
     );
     let _api_server = match &config.api_socket {
         Some(path) => Some(crate::controller::start_api_server(
@@ -365,7 +381,26 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     let event = ending
         .recv()
         .unwrap_or(VmmEvent::Error("event channel closed".into()));
+    // A vCPU failed (triple fault, KVM internal error): the others read
+    // their state as they stop, for the report.
+    let failed = inspector.captures().has_failure();
+    if failed {
+        control.capture_on_stop();
+    }
     vm.stop();
+    if failed {
+        let reason = match &event {
+            VmmEvent::TripleFault => "the guest triple-faulted".to_string(),
+            VmmEvent::Error(message) => message.clone(),
+            other => format!("{other:?}"),
+        };
+        if let Some((summary, path)) = inspector.report_failure(&reason) {
+            match path {
+                Some(path) => eprint!("hakoniwa: {summary}; report: {}\r\n", path.display()),
+                None => eprint!("hakoniwa: {summary}\r\n"),
+            }
+        }
+    }
     // The last metrics line, with the vCPUs' final counts.
     if let Some(metrics) = metrics {
         metrics.stop();
