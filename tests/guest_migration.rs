@@ -304,6 +304,35 @@ fn a_mismatched_or_corrupt_migration_is_refused_and_the_source_keeps_running() {
     assert!(err.contains("corrupt migration stream"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 
+    // A destination that takes every page and the state, then refuses
+    // before running the guest (as --verify-pages does on a wrong page):
+    // the guest goes on at the source.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let fake = std::thread::spawn(move || refuse_after_the_state(listener));
+    let before = counter(&mut a);
+    let (ok, out) = migrate(&s1, port, "precopy", &["--verify-pages"]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("refused") && out.contains("after the state"),
+        "{out}"
+    );
+    let checksums = fake.join().unwrap();
+    assert_eq!(checksums, 131072, "one checksum per page of 512 MiB");
+    assert!(
+        a.stderr().contains("the VM keeps running here"),
+        "{}",
+        a.stderr()
+    );
+    let now = counter(&mut a);
+    assert!(now >= before, "{now} < {before}");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        counter(&mut a) > now,
+        "the guest did not go on at the source"
+    );
+    assert_eq!(report(&s1)["phase"], "failed");
+
     // A destination address nobody listens on: the source keeps running.
     let (ok, out) = migrate(&s1, free_port(), "postcopy", &[]);
     assert!(!ok, "{out}");
@@ -313,6 +342,30 @@ fn a_mismatched_or_corrupt_migration_is_refused_and_the_source_keeps_running() {
     assert!(counter(&mut a) > now);
     a.send("poweroff\n");
     assert_eq!(a.wait_exit(Duration::from_secs(60)).code(), Some(0));
+}
+
+/// A destination speaking the protocol that welcomes the VM, reads every
+/// page, the checksums and the state, and refuses it at the end. Returns
+/// how many page checksums came.
+fn refuse_after_the_state(listener: TcpListener) -> usize {
+    use vmm::migration::protocol::{read_message, write_message, Message};
+    let (stream, _) = listener.accept().unwrap();
+    let mut reader = stream.try_clone().unwrap();
+    let mut writer = stream;
+    let mut checksums = 0;
+    loop {
+        match read_message(&mut reader).unwrap().0 {
+            Message::Hello(_) => {
+                write_message(&mut writer, &Message::Welcome(b"{}".to_vec())).unwrap();
+            }
+            Message::Checksums(c) => checksums = c.len(),
+            Message::Done => break,
+            _ => {}
+        }
+    }
+    let why = Message::Refused("test: refused after the state".into());
+    write_message(&mut writer, &why).unwrap();
+    checksums
 }
 
 fn counter_started(vmm: &mut Vmm) -> u64 {
