@@ -40,12 +40,18 @@ import re
 import shutil
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E402
+                             guest_manifest, placement, sha256_file)
+from lib.console import PipeReader  # noqa: E402
+from lib.qemu import qemu_argv  # noqa: E402
+from lib.tables import md_table, text_table  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1 hk.bootmark"
@@ -72,17 +78,11 @@ class Vmm:
         self.accel = accel        # QEMU's -accel argument (default: -enable-kvm)
 
     def argv(self, args, kernel, initrd):
-        mem = "%dM" % args.memory_mib
         if self.kind == "hakoniwa":
             return [args.hakoniwa, "run", "--kernel", kernel, "--initramfs", initrd,
-                    "--cmdline", CMDLINE, "--cpus", "1", "--memory", mem]
-        # -nodefaults: no VGA, NIC, floppy, CD-ROM or monitor (hakoniwa has none
-        # of them either); the serial console is the only device asked for.
-        accel = ["-accel", self.accel] if self.accel else ["-enable-kvm"]
-        return [args.qemu, "-M", self.machine] + accel + ["-cpu", "host",
-                "-smp", "1", "-m", mem, "-nodefaults", "-no-user-config",
-                "-display", "none", "-no-reboot", "-serial", "stdio",
-                "-kernel", kernel, "-initrd", initrd, "-append", CMDLINE]
+                    "--cmdline", CMDLINE, "--cpus", "1", "--memory", "%dM" % args.memory_mib]
+        return qemu_argv(args.qemu, kernel, initrd, CMDLINE, args.memory_mib,
+                         machine=self.machine, accel=self.accel, extra=["-no-reboot"])
 
 
 def parse_vmms(items, microvm_machine):
@@ -107,42 +107,23 @@ def parse_vmms(items, microvm_machine):
 
 # ------------------------------------------------------------- console ----
 
-class Stream:
+class Stream(PipeReader):
     """Collects a pipe's bytes in a thread and timestamps the first match of
     each watched pattern at the moment its bytes were read."""
 
     LIMIT = 1 << 20  # keep at most this much output (the rest is dropped)
 
     def __init__(self, fd, watch=()):
-        self.fd = fd
-        self.buf = bytearray()
-        self.eof = False
-        self.cond = threading.Condition()
         self.watch = {name: regex for name, regex in watch}
         self.found = {}  # name -> (monotonic time, match)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        super().__init__(fd, self.LIMIT)
 
-    def _run(self):
-        while True:
-            try:
-                data = os.read(self.fd, 65536)
-            except OSError:
-                data = b""
-            now = time.monotonic()
-            with self.cond:
-                if not data:
-                    self.eof = True
-                    self.cond.notify_all()
-                    return
-                if len(self.buf) < self.LIMIT:
-                    self.buf += data
-                for name, regex in self.watch.items():
-                    if name not in self.found:
-                        m = regex.search(self.buf)
-                        if m:
-                            self.found[name] = (now, m)
-                self.cond.notify_all()
+    def arrived(self, now):
+        for name, regex in self.watch.items():
+            if name not in self.found:
+                m = regex.search(self.buf)
+                if m:
+                    self.found[name] = (now, m)
 
     def wait_found(self, name, deadline, alive):
         """Waits until pattern NAME was seen; returns its (time, match), or
@@ -157,24 +138,7 @@ class Stream:
 
     def wait_regex(self, regex, start, deadline):
         """Waits for REGEX in the output from offset START on."""
-        with self.cond:
-            while True:
-                m = regex.search(self.buf, start)
-                if m:
-                    return m
-                left = deadline - time.monotonic()
-                if left <= 0 or self.eof:
-                    return None
-                self.cond.wait(min(left, 0.2))
-
-    def size(self):
-        with self.cond:
-            return len(self.buf)
-
-    def text(self, tail=None):
-        with self.cond:
-            data = bytes(self.buf if tail is None else self.buf[-tail:])
-        return data.decode("utf-8", "replace")
+        return self.wait_until(regex, start, deadline, lambda: self.eof)
 
 
 # ---------------------------------------------------------------- smaps ---
@@ -388,99 +352,6 @@ def one_run(args, vmm, kernel, initrd, index, warmup=False):
 
 # --------------------------------------------------------- environment ----
 
-def first_line(argv):
-    try:
-        return subprocess.run(argv, capture_output=True, text=True,
-                              timeout=30).stdout.splitlines()[0].strip()
-    except (OSError, IndexError, subprocess.SubprocessError):
-        return None
-
-
-def bzimage_version(path):
-    """The version string a bzImage carries (boot protocol header)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(64 * 1024)
-        if data[0x202:0x206] != b"HdrS":
-            return None
-        off = struct.unpack_from("<H", data, 0x20E)[0] + 0x200
-        return data[off:data.index(b"\0", off)].decode("ascii", "replace")
-    except (OSError, ValueError, struct.error):
-        return None
-
-
-def sha256_file(path):
-    import hashlib
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-def in_rig():
-    try:
-        with open("/proc/cmdline") as f:
-            return " hk.run=" in " " + f.read()
-    except OSError:
-        return False
-
-
-def kvm_kind():
-    if os.path.exists("/sys/module/kvm_pvm"):
-        return "pvm"
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set()
-            for line in f:
-                if line.startswith("flags"):
-                    flags.update(line.split(":", 1)[1].split())
-    except OSError:
-        return "unknown"
-    if "vmx" in flags or "svm" in flags:
-        return "hardware" if not in_rig() else "nested (emulated SVM)"
-    return "not hardware-assisted"
-
-
-def guest_manifest(kernel):
-    """build/guest/MANIFEST (beside the kernel) as a dict, {} if absent."""
-    manifest = {}
-    mpath = os.path.join(os.path.dirname(kernel), "MANIFEST")
-    if os.path.exists(mpath):
-        with open(mpath) as f:
-            for line in f:
-                key, sep, val = line.partition(": ")
-                if sep and not key.startswith(" "):
-                    manifest[key.strip()] = val.strip()
-    return manifest
-
-
-def placement(rig_note, measures):
-    """(rig?, KVM kind, where, note) for the results' environment section;
-    `measures` names what the benchmark reports ("times", "figures")."""
-    rig = in_rig()
-    kind = kvm_kind()
-    if rig:
-        where, note = "rig", rig_note
-    elif kind == "hardware":
-        where, note = "host", "host with hardware KVM"
-    else:
-        where, note = "host", ("host KVM is %s, not hardware KVM: absolute %s mean "
-                               "little, compare ratios" % (kind, measures))
-    return rig, kind, where, note
-
-
 def environment(args):
     manifest = guest_manifest(args.kernel)
     _, kind, where, note = placement(RIG_NOTE, "times")
@@ -578,23 +449,6 @@ def tables(vmms, summary, ratios):
         rat.append([name, fmt_ratio(r.get("boot_s")), fmt_ratio(r.get("rss_excl_guest_kib")),
                     fmt_ratio(r.get("rss_total_kib")), fmt_ratio(r.get("guest_init_s"))])
     return main, rat
-
-
-def text_table(rows):
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for n, r in enumerate(rows):
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def md_table(rows):
-    out = ["| " + " | ".join(rows[0]) + " |",
-           "|" + "|".join("---" for _ in rows[0]) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows[1:]]
-    return "\n".join(out)
 
 
 def write_markdown(path, result, vmms):

@@ -36,7 +36,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hkguest import Console, PROMPT_RE, ctl  # noqa: E402
+from lib.console import Console, PROMPT_RE  # noqa: E402
+from lib.hakoniwa import hk_ctl  # noqa: E402
 from rfb_probe import RfbProbe  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,7 +107,7 @@ class Vm:
             raise RuntimeError("hakoniwa exited with status %s; console: %s; stderr: %s" % (
                 self.proc.returncode, self.con.tail(), self.proc.stderr.read().decode(
                     "utf-8", "replace")[-600:]))
-        return ctl(self.args.hakoniwa, self.socket, "display", *change)
+        return hk_ctl(self.args.hakoniwa, self.socket, "display", *change)
 
     def run(self, command, regex, seconds):
         """Starts COMMAND in the guest; returns (before, after, result match)

@@ -76,9 +76,14 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from boot import (bzimage_version, cpu_model, first_line, guest_manifest,  # noqa: E402
-                  md_table, placement, sha256_file, text_table)
-from hkguest import Console, KvmTrace, PROMPT_RE, stuck_report  # noqa: E402
+from lib.console import PROMPT_RE, shell  # noqa: E402
+from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E402
+                             guest_manifest, placement, sha256_file)
+from lib.hakoniwa import HkPair, api_get  # noqa: E402
+from lib.kvmtrace import KvmTrace, stuck_report  # noqa: E402
+from lib.qemu import Qmp, qemu_argv  # noqa: E402
+from lib.tables import md_table, text_table  # noqa: E402
+from lib.vmm import Proc, free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
@@ -112,111 +117,7 @@ def log(*a):
     print("[%6.1f] %s" % (time.monotonic() - T0, " ".join(str(x) for x in a)), flush=True)
 
 
-# ------------------------------------------------------------ processes ----
-
-class Proc:
-    """A VMM process: its console (stdout) and its stderr, both collected."""
-
-    def __init__(self, argv, name):
-        self.name = name
-        self.argv = argv
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, close_fds=True)
-        self.con = Console(self.proc)
-        self.err = bytearray()
-        self.err_lock = threading.Lock()
-        threading.Thread(target=self._read_err, daemon=True).start()
-
-    def _read_err(self):
-        while True:
-            data = os.read(self.proc.stderr.fileno(), 65536)
-            if not data:
-                return
-            with self.err_lock:
-                self.err += data
-
-    def stderr(self):
-        with self.err_lock:
-            return self.err.decode("utf-8", "replace")
-
-    def wait_stderr(self, text, timeout):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if text in self.stderr():
-                return True
-            if self.proc.poll() is not None:
-                return False
-            time.sleep(0.05)
-        return False
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def tails(self):
-        return "console: %r; stderr: %r" % (self.con.tail(400), self.stderr()[-600:])
-
-
-SHELL_N = [0]
-
-
-def shell(con, command, timeout):
-    """Runs COMMAND in the guest shell; its output (the typed line's echo
-    never matches the markers: they are computed by the shell)."""
-    SHELL_N[0] += 2
-    n = SHELL_N[0]
-    begin = re.compile(rb"__b%d__\r?\n" % (n + 1))
-    end = re.compile(rb"__e%d__" % (n + 2))
-    start = con.size()
-    con.send("echo __b$((%d+1))__; %s; echo __e$((%d+2))__\n" % (n, command, n))
-    m = con.wait(begin, start, timeout)
-    if not m:
-        raise RuntimeError("guest shell: %r did not start: %r" % (command, con.tail(400)))
-    e = con.wait(end, m.end(), timeout)
-    if not e:
-        raise RuntimeError("guest shell: %r did not finish: %r" % (command, con.tail(400)))
-    with con.cond:
-        return bytes(con.buf[m.end():e.start()]).decode("utf-8", "replace").replace("\r", "")
-
-
-def api_get(sock, path, timeout=10):
-    """GET /api/v1/PATH on a hakoniwa API socket: the JSON answer, or None."""
-    try:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(timeout)
-        s.connect(sock)
-        s.sendall(("GET /api/v1/%s HTTP/1.1\r\nHost: localhost\r\nAccept: application/json"
-                   "\r\nConnection: close\r\n\r\n" % path).encode())
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        s.close()
-        head, _, body = data.partition(b"\r\n\r\n")
-        if not head.startswith(b"HTTP/1.1 200"):
-            return None
-        return json.loads(body)
-    except (OSError, ValueError):
-        return None
-
-
-def hk_ctl(args, sock, *cmd, timeout=60):
-    out = subprocess.run([args.hk, "ctl", "--api-socket", sock, *cmd], capture_output=True,
-                         text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError("ctl %s: status %d: %s" % (" ".join(cmd), out.returncode,
-                                                     (out.stderr or out.stdout).strip()))
-    return out.stdout
-
+# -------------------------------------------------------------- samplers ----
 
 class VcpuSampler:
     """Every 100 ms: the vCPU threads' time in guest mode (guest_time, field
@@ -356,61 +257,21 @@ def hk_flags(args, async_pf, net=None):
     return f
 
 
-class HkPair:
-    """A source hakoniwa with a guest shell, and later its destination."""
-
-    def __init__(self, args, tag, async_pf="on", src_net=None, dst_net=None):
-        self.args, self.tag = args, tag
-        self.async_pf, self.dst_net = async_pf, dst_net
-        self.src_sock = os.path.join(args.work, "%s-src.sock" % tag)
-        self.dst_sock = os.path.join(args.work, "%s-dst.sock" % tag)
-        self.port = free_port()
-        self.src = Proc([args.hk, "run", "--api-socket", self.src_sock,
-                         *hk_flags(args, async_pf, src_net)], "hakoniwa source")
-        self.dst = None
-        if not self.src.con.wait(PROMPT_RE, 0, args.boot_timeout):
-            raise RuntimeError("no guest prompt: " + self.src.tails())
-
-    def start_destination(self):
-        self.dst = Proc([self.args.hk, "run", "--incoming", "tcp:127.0.0.1:%d" % self.port,
-                         "--api-socket", self.dst_sock,
-                         *hk_flags(self.args, self.async_pf, self.dst_net)],
-                        "hakoniwa destination")
-        if not self.dst.wait_stderr("waiting for a migration", 60):
-            raise RuntimeError("the destination does not listen: " + self.dst.tails())
-
-    def migrate(self, mode, extra=()):
-        hk_ctl(self.args, self.src_sock, "migrate", "--to", "tcp:127.0.0.1:%d" % self.port,
-               "--mode", mode, "--no-wait", *extra)
-
-    def wait_dst_phase(self, phases, timeout):
-        """Polls the destination's report (its API is up once its VM runs)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            r = api_get(self.dst_sock, "vm.migration") if os.path.exists(self.dst_sock) else None
-            if r and r.get("phase") in phases:
-                return r
-            if r and r.get("phase") == "failed":
-                raise RuntimeError("destination: migration failed: %s" % r.get("error"))
-            if not self.dst.alive():
-                raise RuntimeError("the destination exited with status %s: %s" % (
-                    self.dst.proc.returncode, self.dst.tails()))
-            time.sleep(0.02)
-        raise RuntimeError("destination not %s within %d s: %s" % (
-            "/".join(phases), timeout, self.dst.tails()))
-
-    def close(self):
-        for p in (self.src, self.dst):
-            if p:
-                p.kill()
+def hk_pair(args, tag, async_pf="on", src_net=None, dst_net=None):
+    """A source booted to its shell (and ended if it does not get there)."""
+    pair = HkPair(args.hk, args.work, tag, hk_flags(args, async_pf, src_net),
+                  hk_flags(args, async_pf, dst_net))
+    try:
+        pair.wait_prompt(args.boot_timeout)
+    except RuntimeError:
+        pair.close()
+        raise
+    return pair
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+def vm_qemu_argv(args, qmp, incoming=False):
+    return qemu_argv(args.qemu, args.kernel_copy, args.initrd_copy, CMDLINE, args.memory_mib,
+                     cpus=args.cpus, qmp=qmp, incoming=incoming)
 
 
 class LinkDelay:
@@ -507,7 +368,7 @@ def touch_row(args, async_pf, background, with_baseline, delay_ms=0):
     sampler = poller = None
     delay = LinkDelay(delay_ms)
     try:
-        pair = HkPair(args, "touch-%s-%s-%d" % (async_pf, background, delay_ms), async_pf)
+        pair = hk_pair(args, "touch-%s-%s-%d" % (async_pf, background, delay_ms), async_pf)
         if with_baseline:
             rec["baseline"] = touch_baseline(args, pair)
             log("  baseline (no migration): max %.2f s" % rec["baseline"]["max_s"])
@@ -760,7 +621,7 @@ def web_row(args, async_pf, background, serial, delay_ms=0):
     try:
         taps = ("hkmw%d-s" % serial, "hkmw%d-d" % serial)
         br = Bridge("hkmwbr%d" % serial, taps)
-        pair = HkPair(args, "web-%d" % serial, async_pf, src_net=taps[0], dst_net=taps[1])
+        pair = hk_pair(args, "web-%d" % serial, async_pf, src_net=taps[0], dst_net=taps[1])
         con = pair.src.con
         out = shell(con, "ip link set eth0 up && ip addr add %s/24 dev eth0 && mkdir -p /www && "
                     "mount -t tmpfs -o size=%dm tmpfs /www && hk-mkfiles /www %d %d && "
@@ -919,7 +780,7 @@ def hk_mode_row(args, workload, mode, serial):
     log("modes: hakoniwa %s, %s" % (mode, workload))
     pair = None
     try:
-        pair = HkPair(args, "mode-%d" % serial, "on")
+        pair = hk_pair(args, "mode-%d" % serial, "on")
         start_workload(args, pair.src.con, workload)
         pair.start_destination()
         t0 = time.monotonic()
@@ -971,59 +832,6 @@ def hk_mode_row(args, workload, mode, serial):
     return rec
 
 
-class Qmp:
-    def __init__(self, path, timeout=60):
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.connect(path)
-                break
-            except OSError:
-                self.sock.close()
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no QMP socket at %s" % path)
-                time.sleep(0.1)
-        self.sock.settimeout(timeout)
-        self.file = self.sock.makefile("rb")
-        self.events = []
-        json.loads(self.file.readline())  # greeting
-        self.cmd("qmp_capabilities")
-
-    def cmd(self, name, **arguments):
-        msg = {"execute": name}
-        if arguments:
-            msg["arguments"] = arguments
-        self.sock.sendall(json.dumps(msg).encode() + b"\n")
-        while True:
-            line = self.file.readline()
-            if not line:
-                raise RuntimeError("QMP closed during %s" % name)
-            r = json.loads(line)
-            if "event" in r:
-                self.events.append(r)
-                continue
-            if "error" in r:
-                raise RuntimeError("QMP %s: %s" % (name, r["error"].get("desc")))
-            return r.get("return")
-
-    def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-
-def qemu_argv(args, qmp, incoming=False):
-    argv = [args.qemu, "-M", "pc", "-enable-kvm", "-cpu", "host", "-smp", str(args.cpus),
-            "-m", str(args.memory_mib), "-nodefaults", "-no-user-config", "-display", "none",
-            "-serial", "stdio", "-kernel", args.kernel_copy, "-initrd", args.initrd_copy,
-            "-append", CMDLINE, "-qmp", "unix:%s,server=on,wait=off" % qmp]
-    if incoming:
-        argv += ["-incoming", "defer"]
-    return argv
-
-
 def qemu_mode_row(args, workload, mode, serial):
     rec = {"vmm": "qemu", "workload": workload, "mode": mode, "ok": False}
     log("modes: QEMU %s, %s" % (mode, workload))
@@ -1031,11 +839,11 @@ def qemu_mode_row(args, workload, mode, serial):
     try:
         sq = os.path.join(args.work, "q%d-src.qmp" % serial)
         dq = os.path.join(args.work, "q%d-dst.qmp" % serial)
-        src = Proc(qemu_argv(args, sq), "QEMU source")
+        src = Proc(vm_qemu_argv(args, sq), "QEMU source")
         if not src.con.wait(PROMPT_RE, 0, args.boot_timeout):
             raise RuntimeError("no guest prompt: " + src.tails())
         start_workload(args, src.con, workload)
-        dst = Proc(qemu_argv(args, dq, incoming=True), "QEMU destination")
+        dst = Proc(vm_qemu_argv(args, dq, incoming=True), "QEMU destination")
         qs, qd = Qmp(sq), Qmp(dq)
         post = mode in ("postcopy", "hybrid")
         port = free_port()

@@ -52,10 +52,10 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hkguest import Console  # noqa: E402
+from lib.console import Console, PROMPT_RE  # noqa: E402
+from lib.hakoniwa import hk_ctl  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROMPT = b"hakoniwa:/# "
 RESULT_RE = re.compile(rb"hk-sptbench procs=(\d+) mib=(\d+) passes=(\d+) seconds=([0-9.]+) "
                        rb"passes_per_s=([0-9.]+) pages_per_s=([0-9]+)\r?\n")
 AGENT = ("while :; do grep PageTables /proc/meminfo | hk-vsock connect 2 1024; "
@@ -64,15 +64,6 @@ VM_STATS = ["mmu_shadow_zapped", "mmu_recycled", "mmu_cache_miss", "mmu_pte_writ
             "mmu_flooded", "mmu_unsync", "mmu_pde_zapped"]
 VCPU_STATS = ["pf_fixed", "pf_guest", "pf_taken", "exits"]
 PAPER = {"one_spt": 0.23, "multiple_spt": 0.90, "shadow_memory_percent": 3.0}
-
-
-def ctl(args, socket, *cmd):
-    out = subprocess.run([args.hakoniwa, "ctl", "--api-socket", socket, *cmd],
-                         capture_output=True, text=True, timeout=30)
-    if out.returncode != 0:
-        raise RuntimeError("ctl %s: status %d: %s" % (" ".join(cmd), out.returncode,
-                                                     (out.stderr or out.stdout).strip()))
-    return json.loads(out.stdout) if out.stdout.strip().startswith("{") else out.stdout
 
 
 def bench_cmd(args, workload):
@@ -131,16 +122,16 @@ def guest_run(args, label, budget, tmp, workload, limit, reps):
                             stderr=subprocess.PIPE)
     con = Console(proc)
     try:
-        if not con.wait(re.compile(re.escape(PROMPT)), 0, args.timeout):
+        if not con.wait(PROMPT_RE, 0, args.timeout):
             rec["error"] = "no prompt: " + con.tail()
             return rec
         rec["boot_s"] = round(time.monotonic() - t0, 2)
         if budget == "auto":
             con.send(AGENT + "\n")
         elif budget != "default":
-            ctl(args, socket, "mmu", "--spt-pages", str(budget))
+            hk_ctl(args.hakoniwa, socket, "mmu", "--spt-pages", str(budget), timeout=30)
         time.sleep(2)
-        before = ctl(args, socket, "mmu")
+        before = hk_ctl(args.hakoniwa, socket, "mmu", timeout=30)
         t1 = time.monotonic()
         results = []
         for _ in range(reps):
@@ -153,7 +144,7 @@ def guest_run(args, label, budget, tmp, workload, limit, reps):
                 return rec
             results.append(parse_result(m))
         rec["workload_s"] = round(time.monotonic() - t1, 1)
-        after = ctl(args, socket, "mmu")
+        after = hk_ctl(args.hakoniwa, socket, "mmu", timeout=30)
         rec.update(max(results, key=lambda r: r["passes_per_s"]))
         rec["reps_passes_per_s"] = [r["passes_per_s"] for r in results]
         rec["paging"] = after["paging"]

@@ -68,8 +68,10 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from boot import (bzimage_version, cpu_model, first_line, guest_manifest,  # noqa: E402
-                  md_table, placement, sha256_file, text_table)
+from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E402
+                             guest_manifest, placement, sha256_file)
+from lib.qemu import qemu_argv  # noqa: E402
+from lib.tables import md_table, text_table  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
@@ -101,11 +103,8 @@ def vmm_argv(args, vmm, kernel, initrd, cmd, disk=None, tap=None):
         if tap:
             argv += ["--net", "tap=%s,mac=%s" % (tap, MAC)]
         return argv
-    argv = [args.qemu, "-M", "pc", "-enable-kvm", "-cpu", "host", "-smp", str(args.cpus),
-            "-m", mem, "-nodefaults", "-no-user-config", "-display", "none",
-            "-no-reboot", "-serial", "stdio",
-            "-device", "isa-debug-exit,iobase=0x501,iosize=1",
-            "-kernel", kernel, "-initrd", initrd, "-append", cmdline]
+    argv = qemu_argv(args.qemu, kernel, initrd, cmdline, args.memory_mib, cpus=args.cpus,
+                     extra=["-no-reboot", "-device", "isa-debug-exit,iobase=0x501,iosize=1"])
     if disk:
         argv += ["-drive", "file=%s,if=none,id=d0,format=raw,cache=%s,aio=threads"
                  % (disk[0].replace(",", ",,"), disk[1]),

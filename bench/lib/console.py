@@ -1,0 +1,109 @@
+"""The guest's serial console (stdin/stdout of `hakoniwa run` or QEMU's
+`-serial stdio`) and commands typed into the guest shell."""
+
+import os
+import re
+import threading
+import time
+
+PROMPT = b"hakoniwa:/# "
+PROMPT_RE = re.compile(re.escape(PROMPT))
+
+
+class PipeReader:
+    """A pipe's bytes, collected by a thread as they arrive (at most LIMIT
+    bytes: the rest is dropped; None: all)."""
+
+    def __init__(self, fd, limit=None):
+        self.fd, self.limit = fd, limit
+        self.buf = bytearray()
+        self.eof = False
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:
+                data = b""
+            now = time.monotonic()
+            with self.cond:
+                if not data:
+                    self.eof = True
+                    self.cond.notify_all()
+                    return
+                if self.limit is None or len(self.buf) < self.limit:
+                    self.buf += data
+                self.arrived(now)
+                self.cond.notify_all()
+
+    def arrived(self, now):
+        """After each read, with the lock held: for subclasses that look at
+        the bytes the moment they arrive."""
+
+    def wait_until(self, regex, start, deadline, stopped):
+        """The first match of REGEX from offset START on; None at the
+        (monotonic) deadline or once stopped() is true."""
+        with self.cond:
+            while True:
+                m = regex.search(self.buf, start)
+                if m:
+                    return m
+                left = deadline - time.monotonic()
+                if left <= 0 or stopped():
+                    return None
+                self.cond.wait(min(left, 0.2))
+
+    def size(self):
+        with self.cond:
+            return len(self.buf)
+
+    def text(self, tail=None):
+        """What arrived (its last TAIL bytes), as text."""
+        with self.cond:
+            data = bytes(self.buf if tail is None else self.buf[-tail:])
+        return data.decode("utf-8", "replace")
+
+
+class Console(PipeReader):
+    """The guest console of a VMM process (its stdout); `wait` finds a regex
+    in what arrived after a position."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        super().__init__(proc.stdout.fileno())
+
+    def wait(self, regex, start, timeout):
+        return self.wait_until(regex, start, time.monotonic() + timeout,
+                               lambda: self.proc.poll() is not None)
+
+    def send(self, text):
+        self.proc.stdin.write(text.encode())
+        self.proc.stdin.flush()
+
+    def tail(self, n=600):
+        return self.text(n)
+
+
+SHELL_N = [0]
+
+
+def shell(con, command, timeout):
+    """Runs COMMAND in the guest shell; its output (the typed line's echo
+    never matches the markers: they are computed by the shell)."""
+    SHELL_N[0] += 2
+    n = SHELL_N[0]
+    begin = re.compile(rb"__b%d__\r?\n" % (n + 1))
+    end = re.compile(rb"__e%d__" % (n + 2))
+    start = con.size()
+    con.send("echo __b$((%d+1))__; %s; echo __e$((%d+2))__\n" % (n, command, n))
+    m = con.wait(begin, start, timeout)
+    if not m:
+        raise RuntimeError("guest shell: %r did not start: %r" % (command, con.tail(400)))
+    e = con.wait(end, m.end(), timeout)
+    if not e:
+        raise RuntimeError("guest shell: %r did not finish: %r" % (command, con.tail(400)))
+    with con.cond:
+        return bytes(con.buf[m.end():e.start()]).decode("utf-8", "replace").replace("\r", "")

@@ -1,0 +1,19 @@
+"""Tables of rows (lists of cells, the first row the header) as plain text
+for the terminal and as Markdown for bench/results/."""
+
+
+def text_table(rows):
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, r in enumerate(rows):
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def md_table(rows):
+    out = ["| " + " | ".join(rows[0]) + " |",
+           "|" + "|".join("---" for _ in rows[0]) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows[1:]]
+    return "\n".join(out)
