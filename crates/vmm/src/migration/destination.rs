@@ -730,6 +730,49 @@ mod tests {
     use vm_memory::GuestAddress;
 
     #[test]
+    fn verify_pages_checks_what_arrived_and_reads_absent_pages_as_zero() {
+        let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 * PAGE_SIZE)]).unwrap();
+        let layout = RamLayout::new(&memory);
+        let history = PageHistory::new(layout.clone());
+        let status = SharedStatus::new(MigrationStatus::new(
+            "destination",
+            super::super::MigrationMode::Precopy,
+            String::new(),
+            4,
+        ));
+        // Page 1 holds data; pages 0, 2 and 3 were never written.
+        // SAFETY: a byte of a page of `memory`, alive for the test.
+        unsafe { *(layout.host_of_index(1) as *mut u8) = 9 };
+        let mut data = vec![0u8; PAGE_SIZE];
+        data[0] = 9;
+        let zero = super::super::history::zero_page_crc();
+        let crc = super::super::history::page_crc(&data);
+        // The source had page 3 non-zero: it never arrived.
+        assert!(history.set_source_crcs(vec![zero, crc, zero, crc]));
+        let err = verify_arrived(&history, None, &status).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("--verify-pages: 1 of 4 pages differ from the source's; the first: page 0x3000 (never)"),
+            "{err}"
+        );
+        let report = status.get();
+        assert_eq!((report.pages.verified, report.pages.wrong), (4, 1));
+        assert_eq!(report.wrong_pages[0].address, 0x3000);
+        // Only the pages that arrived (a hybrid's precopy pages) are checked:
+        // page 3 is still to come.
+        let arrived = PageBitmap::new(4);
+        for i in 0..3 {
+            arrived.set(i);
+        }
+        assert_eq!(
+            verify_arrived(&history, Some(&arrived), &status).unwrap(),
+            3
+        );
+        // Nothing was faulted in to check it.
+        assert_eq!(layout.resident().unwrap(), vec![false, true, false, false]);
+    }
+
+    #[test]
     fn discarded_runs_read_as_missing_again_across_regions() {
         let memory = GuestMemoryMmap::from_ranges(&[
             (GuestAddress(0), 8 * PAGE_SIZE),
