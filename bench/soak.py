@@ -38,10 +38,12 @@ keeps its evidence (consoles, stderrs, reports, hakoniwa's dumps, where
 the threads were, KVM's trace) in bench/results/migration-soak/runs/.
 
 Iterations interleave the VMMs (for i in 1..N: for each mode: both VMMs,
-which first alternating with i). In the rig, one L1 runs --runs-per-l1
-runs and is then replaced, and a new one takes over when an L1 dies.
-State (plan, outcomes) is kept in build/soak/state.json; --resume continues
-a soak that was stopped. Results: bench/results/migration-soak.{json,md}.
+which first alternating with i). In the rig, one L1 runs a batch of up to
+--runs-per-l1 runs and is then replaced, and a new one takes over the rest
+of its batch when an L1 dies; --parallel N keeps N L1s running side by
+side, each with a batch of its own. State (plan, outcomes) is kept in
+build/soak/state.json; --resume continues a soak that was stopped.
+Results: bench/results/migration-soak.{json,md}.
 
 Normally run through scripts/migration-soak. Inside L1 (or on a host with
 hardware KVM, as root) the runs themselves are `soak.py --worker`.
@@ -49,10 +51,12 @@ hardware KVM, as root) the runs themselves are `soak.py --worker`.
 
 import argparse
 import datetime
+import fcntl
 import json
 import os
 import platform
 import re
+import selectors
 import shutil
 import signal
 import statistics
@@ -83,16 +87,21 @@ def set_name(name):
     name, build/soak-NAME/ otherwise) and writes its results
     (bench/results/NAME.{json,md}, evidence in bench/results/NAME/runs/):
     soaks of different rig settings side by side."""
-    global STATE_DIR, STATE, PROGRESS, RUNS_DIR, RESULTS_JSON, RESULTS_MD
+    global STATE_DIR, STATE, RUNS_DIR, RESULTS_JSON, RESULTS_MD
     STATE_DIR = os.path.join(ROOT, "build/soak" if name == PROG else "build/soak-" + name)
     STATE = os.path.join(STATE_DIR, "state.json")
-    PROGRESS = os.path.join(STATE_DIR, "progress.json")
     RUNS_DIR = os.path.join(RESULTS, name, "runs")
     RESULTS_JSON = os.path.join(RESULTS, name + ".json")
     RESULTS_MD = os.path.join(RESULTS, name + ".md")
 
 
 set_name(PROG)
+# L1's memory without HK_RIG_MEM: 8 GiB, and 6 GiB each for L1s side by
+# side, which is still room for postcopy-bg's two 1 GiB guests (rig_memory).
+RIG_MEM_MIB = 8192
+RIG_MEM_PARALLEL_MIB = 6144
+# What the host keeps beside its L1s (--parallel: check_rig_memory).
+HOST_RESERVE_MIB = 3072
 RIG_NOTE = ("inside L1 under TCG with nested KVM; source and destination share "
             "L1's vCPUs")
 
@@ -174,7 +183,9 @@ def die(message):
 
 def write_json(path, data):
     """Writes atomically (a file next to it, renamed): a reader, or a
-    soak killed meanwhile, never sees half a file."""
+    soak killed meanwhile, never sees half a file. Every file has one
+    writer: state.json the driver, each L1's files its worker (see
+    merge_l1_results), so no update is lost either."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1)
@@ -212,8 +223,54 @@ def run_dir_name(spec):
     return "%03d-%s-%s" % (spec["id"], spec["vmm"], spec["mode"])
 
 
+def l1_file(kind, l1):
+    """An L1's own file in the state directory: "results" (its worker's
+    outcomes and environment) or "progress" (the run it is in, written
+    before each stage), or its console "log"."""
+    if kind == "log":
+        return os.path.join(STATE_DIR, "l1-%03d.log" % l1)
+    return os.path.join(STATE_DIR, "%s-l1-%03d.json" % (kind, l1))
+
+
+L1_FILE_RE = re.compile(r"(?:l1-\d+\.log|(?:results|progress)-l1-\d+\.json|progress\.json)$")
+
+
 def write_progress(data):
-    write_json(PROGRESS, data)
+    write_json(l1_file("progress", data["l1"]), data)
+
+
+def merge_l1_results(state):
+    """Takes every L1's outcomes and environment into STATE (the driver's,
+    the only writer of state.json); True if anything was new. Workers in
+    L1 write only files of their own: a lock could not keep them apart
+    from each other and from the driver, as QEMU's 9p server, which shares
+    the tree with L1, grants every lock without taking it."""
+    changed = False
+    for name in sorted(os.listdir(STATE_DIR)):
+        m = re.match(r"results-l1-(\d+)\.json$", name)
+        if not m:
+            continue
+        mine = read_json(os.path.join(STATE_DIR, name)) or {}
+        l1 = str(int(m.group(1)))
+        if mine.get("environment") and state["l1_environments"].get(l1) != mine["environment"]:
+            state["l1_environments"][l1] = mine["environment"]
+            changed = True
+        for run, rec in (mine.get("results") or {}).items():
+            if run not in state["results"]:
+                state["results"][run] = rec
+                changed = True
+    return changed
+
+
+def id_ranges(ids):
+    """[1, 2, 3, 7] -> "1-3, 7"."""
+    out = []
+    for i in ids:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return ", ".join("%d" % a if a == b else "%d-%d" % (a, b) for a, b in out)
 
 
 # -------------------------------------------------------------- failures ---
@@ -882,13 +939,18 @@ def l1_environment(ctx, params):
     }
 
 
-def worker(l1, count):
-    """Runs the next COUNT pending runs (all: None) here, recording each in
-    the state as it ends."""
+def worker(l1, ids, after_run=None):
+    """Runs the runs IDS (all pending ones: None) here, in plan order,
+    recording each as it ends in this L1's results file, which the driver
+    merges into the state; AFTER_RUN, if any, is called after each."""
     state = read_json(STATE)
     if not state:
         die("no soak state in %s" % os.path.relpath(STATE, ROOT))
     params = state["parameters"]
+    by_id = {r["id"]: r for r in state["plan"]}
+    unknown = [i for i in ids or [] if i not in by_id]
+    if unknown:
+        die("--ids: no run %s in the plan" % ",".join(map(str, unknown)))
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         die("/dev/kvm is not usable here")
     if os.geteuid() != 0:
@@ -914,19 +976,24 @@ def worker(l1, count):
     env = l1_environment(ctx, params)
     log("L1 %s: %s; QEMU %s; hakoniwa features %s" % (
         l1, env["kernel"], env["qemu_version"], ctx.features))
-    state["l1_environments"][str(l1)] = env
-    write_json(STATE, state)
-    todo = pending(state)[:count]
+    # What an earlier worker of the same number (0: on the host, before a
+    # --resume) recorded stays.
+    mine_path = l1_file("results", l1)
+    mine = read_json(mine_path) or {"l1": l1, "results": {}}
+    mine["environment"] = env
+    write_json(mine_path, mine)
+    todo = pending(state) if ids is None else [
+        by_id[i] for i in sorted(ids) if str(i) not in state["results"]]
     try:
         for spec in todo:
             log("run %d/%d: %s %s, async PF %s" % (
                 spec["id"], len(state["plan"]), spec["vmm"], spec["mode"], spec["async_pf"]))
             rec = run_one(ctx, spec)
-            state = read_json(STATE)
-            state["results"][str(spec["id"])] = rec
-            write_json(STATE, state)
+            mine["results"][str(spec["id"])] = rec
+            write_json(mine_path, mine)
             write_progress({"run": None, "last": spec["id"], "l1": l1, "at_utc": utc_now()})
-            write_results(state)
+            if after_run:
+                after_run()
             d = rec["durations"]
             log("  %s%s in %.0f s (boot %s, workload %s, migrate %s, after %s)%s" % (
                 rec["outcome"], " at " + rec["stage"] if rec["stage"] else "",
@@ -948,10 +1015,12 @@ def host_environment(params):
         "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),
         "rig_qemu": first_line([rig_qemu, "--version"]) if params["rig"] else None,
-        "rig_memory_mib": int(os.environ.get("HK_RIG_MEM", "8192")) if params["rig"] else None,
+        "rig_memory_mib": rig_memory(params["parallel"]) if params["rig"] else None,
         # L1's vCPUs and TCG threading (scripts/rig: HK_RIG_CPUS, HK_RIG_TCG).
         "rig_cpus": int(os.environ.get("HK_RIG_CPUS", "2")) if params["rig"] else None,
         "rig_tcg": os.environ.get("HK_RIG_TCG", "multi") if params["rig"] else None,
+        # L1s side by side (--parallel).
+        "rig_parallel": params["parallel"] if params["rig"] else None,
         "python": platform.python_version(),
         "git_commit": first_line(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]),
         # The tree is shared: say what the binary was built with beyond HEAD.
@@ -962,6 +1031,33 @@ def host_environment(params):
         "guest_initramfs": os.path.relpath(params["initramfs"], ROOT),
         "guest_cmdline": CMDLINE,
     }
+
+
+def rig_memory(parallel):
+    """Each L1's memory in MiB: HK_RIG_MEM, else RIG_MEM_MIB, or
+    RIG_MEM_PARALLEL_MIB for L1s side by side."""
+    default = RIG_MEM_MIB if parallel == 1 else RIG_MEM_PARALLEL_MIB
+    try:
+        return int(os.environ.get("HK_RIG_MEM") or default)
+    except ValueError:
+        die("HK_RIG_MEM=%r: MiB, a whole number" % os.environ["HK_RIG_MEM"])
+
+
+def check_rig_memory(parallel):
+    """L1s side by side must fit in the host's memory with room to spare:
+    an L1's QEMU keeps every page L1 has ever used, so over its runs each
+    grows towards its whole HK_RIG_MEM."""
+    if parallel == 1:
+        return
+    with open("/proc/meminfo") as f:
+        total = int(re.search(r"^MemTotal:\s+(\d+) kB", f.read(), re.M).group(1)) >> 10
+    mem = rig_memory(parallel)
+    need = parallel * mem + HOST_RESERVE_MIB
+    if need > total:
+        die("--parallel %d: %d L1s of %d MiB (HK_RIG_MEM) and %d MiB for the host need %d "
+            "MiB, more than MemTotal's %d MiB: set HK_RIG_MEM lower (%d is enough for the "
+            "soak's guests) or --parallel lower" % (
+                parallel, parallel, mem, HOST_RESERVE_MIB, need, total, RIG_MEM_PARALLEL_MIB))
 
 
 def l1_death_line(text):
@@ -1006,85 +1102,223 @@ def record_lost_run(state, progress, status, log_path):
             json.dumps(progress)))
     rec["evidence"] = os.path.relpath(d, ROOT)
     state["results"][str(spec["id"])] = rec
-    log("run %d: %s: %s" % (spec["id"], outcome, reason))
+    log("run %d (L1 %s): %s: %s" % (spec["id"], progress.get("l1"), outcome, reason))
+
+
+class Rig:
+    """One L1 at work: its rig (a session of its own, so that stopping the
+    soak stops this rig and its L1, and nothing else), its batch of runs,
+    and its console, copied to l1-NNN.log and to ours (each line after
+    PREFIX: the L1's number when L1s run side by side)."""
+
+    def __init__(self, l1, ids, argv, env, prefix):
+        self.l1, self.ids, self.prefix = l1, ids, prefix
+        self.log_path = l1_file("log", l1)
+        self.log = open(self.log_path, "wb")
+        self.partial = b""
+        self.t0 = time.monotonic()
+        # The rig is started with SIGINT and SIGTERM blocked (run_rigs),
+        # and a blocked signal stays blocked across exec: unblocked, or
+        # the rig and its QEMU would not stop at a SIGTERM.
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     preexec_fn=lambda: signal.pthread_sigmask(
+                                         signal.SIG_SETMASK, set()))
+
+    def copy_output(self):
+        """Copies what the rig wrote since the last call; False at its end."""
+        data = os.read(self.proc.stdout.fileno(), 65536)
+        self.log.write(data)
+        self.log.flush()
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        if not data and self.partial:
+            lines, self.partial = [self.partial], b""
+        for line in lines:
+            sys.stdout.buffer.write(self.prefix + line + b"\n")
+        sys.stdout.flush()
+        return bool(data)
+
+    def signal(self, signum):
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def close(self):
+        self.proc.stdout.close()
+        self.log.close()
+
+
+def stop_rigs(state, rigs):
+    """Stops every rig and its L1 (SIGTERM; SIGKILL for one that lingers:
+    then its run directory in build/rig/ stays behind); the runs they were
+    in keep no outcome, for --resume to run again."""
+    for rig in rigs:
+        rig.signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for rig in rigs:
+        try:
+            rig.proc.wait(max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            rig.signal(signal.SIGKILL)
+            rig.proc.wait()
+        rig.close()
+    merge_l1_results(state)
+    for rig in rigs:
+        entry = next(e for e in state["l1s"] if e["index"] == rig.l1)
+        entry.update({"ended_utc": utc_now(), "status": rig.proc.returncode,
+                      "wall_s": round(time.monotonic() - rig.t0, 1), "stopped": True,
+                      "runs": sum(str(i) in state["results"] for i in rig.ids)})
+
+
+def start_rig(state, ids):
+    """A new L1 running the runs IDS."""
+    params = state["parameters"]
+    l1 = len(state["l1s"]) + 1
+    # A backstop for an L1 that wedges: every run has its own timeouts.
+    per_run = 4 * params["hang_timeout"] + params["migrate_timeout"] + 180
+    timeout = os.environ.get("HK_RIG_TIMEOUT") or str(len(ids) * per_run + 600)
+    state["l1s"].append({"index": l1, "started_utc": utc_now(), "ids": ids})
+    write_json(STATE, state)
+    write_progress({"run": None, "l1": l1, "at_utc": utc_now()})
+    env = dict(os.environ, HK_RIG_MEM=str(rig_memory(params["parallel"])),
+               HK_RIG_TIMEOUT=timeout)
+    argv = [os.path.join(ROOT, "scripts/rig"), "--", sys.executable,
+            os.path.abspath(__file__), "--worker", "--l1", str(l1),
+            "--ids", ",".join(map(str, ids)), "--name", params.get("name", PROG)]
+    log("L1 %d: runs %s (%d left); its console: %s" % (
+        l1, id_ranges(ids), len(pending(state)), os.path.relpath(l1_file("log", l1), ROOT)))
+    prefix = "[L1 %d] " % l1 if params["parallel"] > 1 else ""
+    return Rig(l1, ids, argv, env, prefix.encode())
+
+
+def end_rig(state, rig, status):
+    """What an L1 that ended leaves: its outcomes, and the run it was in
+    when it died, if any (record_lost_run). The rest of its batch is
+    pending again, for another L1."""
+    merge_l1_results(state)
+    entry = next(e for e in state["l1s"] if e["index"] == rig.l1)
+    entry.update({"ended_utc": utc_now(), "status": status,
+                  "wall_s": round(time.monotonic() - rig.t0, 1)})
+    progress = read_json(l1_file("progress", rig.l1)) or {}
+    if progress.get("run") and str(progress["run"]) not in state["results"]:
+        record_lost_run(state, progress, status, rig.log_path)
+    entry["runs"] = sum(str(i) in state["results"] for i in rig.ids)
+    write_json(STATE, state)
+    write_results(state)
 
 
 def run_rigs(state, args):
-    """Starts L1s until every run has an outcome."""
+    """Keeps up to --parallel L1s running until every run has an outcome.
+    Each new L1 takes the first pending runs no other L1 has, in plan
+    order: --runs-per-l1 of them, or fewer when fewer are left to share
+    among the L1s to start."""
     params = state["parameters"]
+    parallel = params["parallel"]
+    rigs = {}       # its output's fd -> Rig
+    sel = selectors.DefaultSelector()
     idle_l1s = 0
-    while pending(state):
-        l1 = len(state["l1s"]) + 1
-        count = params["runs_per_l1"]
-        # A backstop for an L1 that wedges: every run has its own timeouts.
-        per_run = 4 * params["hang_timeout"] + params["migrate_timeout"] + 180
-        timeout = os.environ.get("HK_RIG_TIMEOUT") or str(count * per_run + 600)
-        entry = {"index": l1, "started_utc": utc_now(), "runs_before": len(state["results"])}
-        state["l1s"].append(entry)
+    merged_at = time.monotonic()
+    try:
+        while True:
+            taken = {i for rig in rigs.values() for i in rig.ids}
+            free = [r["id"] for r in pending(state) if r["id"] not in taken]
+            while free and len(rigs) < parallel:
+                count = min(params["runs_per_l1"], -(-len(free) // (parallel - len(rigs))))
+                # A stop comes after the rig is in RIGS, where it is stopped.
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+                try:
+                    rig = start_rig(state, free[:count])
+                    rigs[rig.proc.stdout.fileno()] = rig
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+                free = free[count:]
+                sel.register(rig.proc.stdout, selectors.EVENT_READ, rig)
+            if not rigs:
+                break
+            for key, _ in sel.select(timeout=5):
+                rig = key.data
+                if rig.copy_output():
+                    continue
+                sel.unregister(rig.proc.stdout)
+                del rigs[key.fd]
+                status = rig.proc.wait()
+                rig.close()
+                end_rig(state, rig, status)
+                entry = next(e for e in state["l1s"] if e["index"] == rig.l1)
+                if status not in (0, 124, 125) and not entry["runs"]:
+                    die("L1 %d ended with status %d and ran nothing: %s" % (
+                        rig.l1, status, os.path.relpath(rig.log_path, ROOT)))
+                idle_l1s = idle_l1s + 1 if not entry["runs"] else 0
+                if idle_l1s >= 3:
+                    die("three L1s in a row ran nothing; see %s" % os.path.relpath(
+                        rig.log_path, ROOT))
+            # The outcomes of the L1s still at work, as they come.
+            if time.monotonic() - merged_at >= 5:
+                merged_at = time.monotonic()
+                if merge_l1_results(state):
+                    write_json(STATE, state)
+                    write_results(state)
+    except BaseException:
+        # Stopped (SIGINT, SIGTERM) or given up (die): no L1 is left, and
+        # the outcomes they recorded are kept.
+        stop_rigs(state, list(rigs.values()))
         write_json(STATE, state)
-        write_progress({"run": None, "l1": l1, "at_utc": utc_now()})
-        log_path = os.path.join(STATE_DIR, "l1-%03d.log" % l1)
-        env = dict(os.environ, HK_RIG_MEM=os.environ.get("HK_RIG_MEM", "8192"),
-                   HK_RIG_TIMEOUT=timeout)
-        argv = [os.path.join(ROOT, "scripts/rig"), "--", sys.executable,
-                os.path.abspath(__file__), "--worker", "--l1", str(l1), "--count", str(count),
-                "--name", params.get("name", PROG)]
-        log("L1 %d: up to %d runs (%d left); its console: %s" % (
-            l1, count, len(pending(state)), os.path.relpath(log_path, ROOT)))
-        t = time.monotonic()
-        with open(log_path, "wb") as out:
-            # Its own session: stopping the soak stops this rig and its L1
-            # (below), and nothing else.
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            try:
-                for line in proc.stdout:
-                    out.write(line)
-                    out.flush()
-                    sys.stdout.buffer.write(line)
-                    sys.stdout.flush()
-                status = proc.wait()
-            except BaseException:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait()
-                raise
-        state = read_json(STATE)
-        progress = read_json(PROGRESS) or {}
-        entry = state["l1s"][-1]
-        entry.update({"ended_utc": utc_now(), "status": status,
-                      "wall_s": round(time.monotonic() - t, 1)})
-        if progress.get("run") and str(progress["run"]) not in state["results"]:
-            record_lost_run(state, progress, status, log_path)
-        entry["runs"] = len(state["results"]) - entry["runs_before"]
-        write_json(STATE, state)
-        write_results(state)
-        if status not in (0, 124, 125) and not entry["runs"]:
-            die("L1 %d ended with status %d and ran nothing: %s" % (
-                l1, status, os.path.relpath(log_path, ROOT)))
-        idle_l1s = idle_l1s + 1 if not entry["runs"] else 0
-        if idle_l1s >= 3:
-            die("three L1s in a row ran nothing; see %s" % os.path.relpath(log_path, ROOT))
+        raise
     return state
+
+
+def lock_soak():
+    """One driver per soak: a second one (a --resume while the soak still
+    runs) would start L1s for the same runs. The lock lives on the host,
+    where flock works; the workers in L1 never need it."""
+    f = open(os.path.join(STATE_DIR, "driver.lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        die("another driver (pid %s) is running the soak in %s" % (
+            f.read().strip() or "?", os.path.relpath(STATE_DIR, ROOT)))
+    f.truncate(0)
+    f.write("%d\n" % os.getpid())
+    f.flush()
+    return f
 
 
 def drive(args):
     """The host side: a new or resumed soak, run in L1s or here."""
     os.makedirs(STATE_DIR, exist_ok=True)
+    lock = lock_soak()  # noqa: F841 - held until the soak ends
     state = read_json(STATE)
     if args.resume:
         if not state:
             die("nothing to resume: no %s" % os.path.relpath(STATE, ROOT))
+        params = state["parameters"]
+        # --parallel may change on resuming; without it, the soak's own.
+        parallel = args.parallel or params.get("parallel", 1)
+        if args.rig:
+            check_rig_memory(parallel)
+        # What its L1s recorded after the last driver last looked (one
+        # killed with SIGKILL, say).
+        merge_l1_results(state)
         log("resuming: %d of %d runs done" % (len(state["results"]), len(state["plan"])))
-        state["parameters"]["rig"] = args.rig
+        params["rig"] = args.rig
+        if params.get("parallel", 1) != parallel and args.rig and state.get("host"):
+            state["host"].update(rig_parallel=parallel, rig_memory_mib=rig_memory(parallel))
+        params["parallel"] = parallel
+        write_json(STATE, state)
     else:
         if state and pending(state) and not args.fresh:
             die("%s holds a soak with %d of %d runs done: --resume continues it, --fresh "
                 "starts over" % (os.path.relpath(STATE, ROOT), len(state["results"]),
                                  len(state["plan"])))
+        args.parallel = args.parallel or 1
+        if args.rig:
+            check_rig_memory(args.parallel)
         params = {k: getattr(args, k) for k in (
             "runs", "modes", "vmms", "runs_per_l1", "hang_timeout", "migrate_timeout",
             "kvm_trace", "verify_pages", "rig", "hakoniwa", "kernel", "initramfs", "qemu",
-            "name")}
+            "name", "parallel")}
         state = {"soak": "migration", "command": "scripts/migration-soak" + "".join(
                      " " + a for a in sys.argv[1:] if a != "--rig"),
                  "started_utc": utc_now(), "parameters": params,
@@ -1096,7 +1330,7 @@ def drive(args):
         if os.path.isdir(RUNS_DIR):
             shutil.move(RUNS_DIR, previous)
         for name in os.listdir(STATE_DIR):
-            if re.match(r"l1-\d+\.log$", name):
+            if L1_FILE_RE.match(name):
                 os.remove(os.path.join(STATE_DIR, name))
         state["host"] = host_environment(params)
         write_json(STATE, state)
@@ -1105,30 +1339,40 @@ def drive(args):
     t = time.monotonic()
 
     def stop(signum, frame):
+        # Once: a second ^C must not cut short the stopping of the rigs
+        # (which ends with SIGKILL for any that lingers).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     try:
         if args.rig:
             state = run_rigs(state, args)
         else:
-            state["l1s"].append({"index": 0, "started_utc": utc_now(),
-                                 "runs_before": len(state["results"])})
+            ids = [r["id"] for r in pending(state)]
+            state["l1s"].append({"index": 0, "started_utc": utc_now(), "ids": ids})
             write_json(STATE, state)
             t_here = time.monotonic()
-            worker(0, None)
-            state = read_json(STATE)
-            entry = state["l1s"][-1]
-            entry.update({"ended_utc": utc_now(), "status": 0,
-                          "wall_s": round(time.monotonic() - t_here, 1),
-                          "runs": len(state["results"]) - entry["runs_before"]})
+
+            def merge_here():
+                merge_l1_results(state)
+                write_json(STATE, state)
+                write_results(state)
+            worker(0, ids, merge_here)
+            merge_l1_results(state)
+            state["l1s"][-1].update({"ended_utc": utc_now(), "status": 0,
+                                     "wall_s": round(time.monotonic() - t_here, 1),
+                                     "runs": sum(str(i) in state["results"] for i in ids)})
             write_json(STATE, state)
     except KeyboardInterrupt:
-        # The run in progress has no outcome: --resume runs it again.
+        # The runs in progress have no outcome: --resume runs them again.
         log("stopped: %d of %d runs done; --resume continues" % (
             len(read_json(STATE)["results"]), len(state["plan"])))
         return 130
     finally:
         state = read_json(STATE)
+        merge_l1_results(state)
         state["wall_s"] = round(state.get("wall_s", 0) + time.monotonic() - t, 1)
         write_json(STATE, state)
         write_results(state)
@@ -1349,8 +1593,12 @@ def write_md(path, result):
             line[3:] for line in host.get("git_uncommitted") or [])
         if host.get("git_uncommitted") else ""))
     if params["rig"]:
-        L.append("- rig (L1's emulator): %s, L1 with %s MiB" % (
-            host.get("rig_qemu"), host.get("rig_memory_mib")))
+        parallel = host.get("rig_parallel") or 1
+        L.append("- rig (L1's emulator): %s; %s, each with %s vCPU%s (TCG %s) and %s MiB" % (
+            host.get("rig_qemu"), "%d L1s side by side" % parallel if parallel > 1 else
+            "one L1 at a time", host.get("rig_cpus") or "-",
+            "" if host.get("rig_cpus") == 1 else "s", host.get("rig_tcg") or "-",
+            host.get("rig_memory_mib")))
     if first_env:
         L.append("- %s: kernel %s, %s CPUs, %s MiB, THP %s, KVM %s" % (
             "L1" if params["rig"] else "host", first_env.get("kernel"), first_env.get("cpus"),
@@ -1372,8 +1620,9 @@ def write_md(path, result):
     L.append("- KVM trace kept for failing runs: %s" % (
         "yes" if first_env.get("kvm_trace") else "no"))
     L.append("- L1s: %s" % "; ".join(
-        "%s: status %s, %s runs, %s s" % (e["index"], e.get("status", "-"), e.get("runs", "-"),
-                                          e.get("wall_s", "-"))
+        "%s: %s, %s runs, %s s" % (
+            e["index"], "stopped with the soak" if e.get("stopped") else
+            "status %s" % e.get("status", "-"), e.get("runs", "-"), e.get("wall_s", "-"))
         for e in result.get("l1s") or []))
     L.append("- parameters: %s" % ", ".join(
         "%s=%s" % (k, ",".join(v) if isinstance(v, list) else v)
@@ -1408,6 +1657,9 @@ def main():
     p.add_argument("--vmms", default=",".join(VMMS), help="default both: hakoniwa,qemu")
     p.add_argument("--runs-per-l1", type=int, default=12,
                    help="runs before the L1 is replaced (default 12)")
+    p.add_argument("--parallel", type=int, metavar="N",
+                   help="L1s side by side, each with runs of its own (default 1; on "
+                        "--resume, the soak's); with HK_RIG_CPUS=1, one a host core")
     p.add_argument("--hang-timeout", type=int, default=120,
                    help="seconds the guest may take to answer (default 120)")
     p.add_argument("--migrate-timeout", type=int, default=300,
@@ -1434,7 +1686,7 @@ def main():
                    "bench/results/NAME.{json,md} (default %s)" % PROG)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--l1", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--ids", help=argparse.SUPPRESS)
     args = p.parse_args()
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", args.name):
         die("--name %r: use lowercase letters, digits and dashes" % args.name)
@@ -1448,9 +1700,18 @@ def main():
         print("wrote %s" % os.path.relpath(RESULTS_MD, ROOT))
         return 0
     if args.worker:
-        return worker(args.l1, args.count)
+        try:
+            ids = [int(x) for x in args.ids.split(",")] if args.ids else None
+        except ValueError:
+            die("--ids %r: run numbers, comma-separated" % args.ids)
+        return worker(args.l1, ids)
     if args.runs < 1 or args.runs_per_l1 < 1:
         die("--runs and --runs-per-l1 must be at least 1")
+    if args.parallel is not None and args.parallel < 1:
+        die("--parallel must be at least 1")
+    if (args.parallel or 1) > 1 and not args.rig:
+        die("--parallel runs L1s side by side, in the test rig (--rig); here runs go one "
+            "at a time")
     if args.hang_timeout < 10 or args.migrate_timeout < 10:
         die("--hang-timeout and --migrate-timeout must be at least 10 s")
     if args.resume and args.fresh:
