@@ -97,6 +97,18 @@ impl Write for ConsoleOutput {
     }
 }
 
+/// Writes `text` and `\r\n` (a line that also ends right in a raw-mode
+/// terminal) to stderr in one write. `eprint!` writes each piece of its
+/// format separately, so another thread's output could land inside the
+/// line, and whoever watches stderr (a test, a harness) could read half of
+/// it and decide on that.
+pub fn say_line(text: &str) {
+    let mut line = String::with_capacity(text.len() + 2);
+    line.push_str(text);
+    line.push_str("\r\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// The last [`ConsoleTail::KEPT`] bytes the guest wrote to its console.
 #[derive(Clone, Default)]
 pub struct ConsoleTail(Arc<Mutex<std::collections::VecDeque<u8>>>);

@@ -16,6 +16,13 @@
 //! - [`migration`]: live migration (`ctl migrate`, `run --incoming`);
 //! - [`dump`]: failure reports (`run --dump-dir`, `ctl dump`).
 
+/// Writes one line to stderr, whole: see [`console::say_line`].
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::console::say_line(&format!($($arg)*))
+    };
+}
+
 pub mod boot;
 pub mod config;
 pub mod console;

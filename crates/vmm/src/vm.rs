@@ -239,8 +239,8 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
                 let refused = crate::snapshot::vcpu_state::restore_vcpu(&fd, state, xsave_size)?;
                 if !refused.is_empty() {
                     let list: Vec<String> = refused.iter().map(|m| format!("{m:#x}")).collect();
-                    eprint!(
-                        "hakoniwa: vCPU {index}: KVM did not restore MSRs {}\r\n",
+                    say!(
+                        "hakoniwa: vCPU {index}: KVM did not restore MSRs {}",
                         list.join(", ")
                     );
                 }
@@ -291,7 +291,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     let _raw_terminal = if config.exec.is_none() {
         let raw = RawTerminal::enable();
         if raw.is_some() {
-            eprint!("hakoniwa: console on COM1; Ctrl-A x quits, Ctrl-A h for help\r\n");
+            say!("hakoniwa: console on COM1; Ctrl-A x quits, Ctrl-A h for help");
         }
         spawn_input_thread(
             platform.serial.clone(),
@@ -396,8 +396,8 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         };
         if let Some((summary, path)) = inspector.report_failure(&reason) {
             match path {
-                Some(path) => eprint!("hakoniwa: {summary}; report: {}\r\n", path.display()),
-                None => eprint!("hakoniwa: {summary}\r\n"),
+                Some(path) => say!("hakoniwa: {summary}; report: {}", path.display()),
+                None => say!("hakoniwa: {summary}"),
             }
         }
     }

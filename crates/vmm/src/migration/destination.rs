@@ -65,10 +65,7 @@ impl Incoming {
         memory: &GuestMemoryMmap,
         machine: &MachineState,
     ) -> Result<Received, MigrationError> {
-        eprint!(
-            "hakoniwa: waiting for a migration on tcp:{}\r\n",
-            self.address
-        );
+        say!("hakoniwa: waiting for a migration on tcp:{}", self.address);
         let (stream, peer) = self
             .listener
             .accept()
@@ -514,9 +511,7 @@ impl Received {
             None => {
                 write_message(&mut self.writer, &running)?;
                 self.status.finish(Phase::Completed, None);
-                eprint!(
-                    "hakoniwa: migration in: precopy complete, downtime {downtime_ms:.0} ms\r\n"
-                );
+                say!("hakoniwa: migration in: precopy complete, downtime {downtime_ms:.0} ms");
             }
             Some(run) => {
                 run.shared.vcpus_started();
@@ -559,8 +554,8 @@ fn receive_pages(
                 shared.unregister();
                 status.finish(Phase::Completed, None);
                 let s = status.get();
-                eprint!(
-                    "hakoniwa: migration in: postcopy complete after {:.1} s ({} demand, {} prefetch, {} background pages; {} major, {} minor, {} double faults)\r\n",
+                say!(
+                    "hakoniwa: migration in: postcopy complete after {:.1} s ({} demand, {} prefetch, {} background pages; {} major, {} minor, {} double faults)",
                     s.total_ms.unwrap_or(0) as f64 / 1000.0,
                     s.pages.demand,
                     s.pages.prefetch,
@@ -571,8 +566,8 @@ fn receive_pages(
                 );
                 if s.pages.already_present > 0 {
                     // Never expected (status.rs): say it where it is seen.
-                    eprint!(
-                        "hakoniwa: migration in: warning: {} pages from the source found their place in guest RAM taken and were not written\r\n",
+                    say!(
+                        "hakoniwa: migration in: warning: {} pages from the source found their place in guest RAM taken and were not written",
                         s.pages.already_present
                     );
                 }
@@ -588,8 +583,8 @@ fn receive_pages(
                     .local_addr()
                     .map(|a| a.to_string())
                     .unwrap_or_default();
-                eprint!(
-                    "hakoniwa: migration in: postcopy connection lost ({e}); {} pages exist only on the source, so the guest is paused until the source resumes the migration (`hakoniwa ctl migrate --resume --to tcp:{address}` there)\r\n",
+                say!(
+                    "hakoniwa: migration in: postcopy connection lost ({e}); {} pages exist only on the source, so the guest is paused until the source resumes the migration (`hakoniwa ctl migrate --resume --to tcp:{address}` there)",
                     shared.missing()
                 );
                 match accept_resume(&listener, &machine, shared) {
@@ -604,10 +599,10 @@ fn receive_pages(
                         {
                             pauser.resume();
                         }
-                        eprint!("hakoniwa: migration in: postcopy resumed\r\n");
+                        say!("hakoniwa: migration in: postcopy resumed");
                     }
                     Err(e) => {
-                        eprint!("hakoniwa: migration in: cannot wait for a resume: {e}\r\n");
+                        say!("hakoniwa: migration in: cannot wait for a resume: {e}");
                         status.finish(Phase::Failed, Some(e.to_string()));
                         return;
                     }
@@ -617,8 +612,8 @@ fn receive_pages(
                 shared.disconnected();
                 pause();
                 let missing = shared.missing();
-                eprint!(
-                    "hakoniwa: migration in: postcopy stopped: {e}; {missing} pages exist only on the source, so the guest is paused\r\n"
+                say!(
+                    "hakoniwa: migration in: postcopy stopped: {e}; {missing} pages exist only on the source, so the guest is paused"
                 );
                 status.finish(
                     Phase::Failed,
@@ -697,9 +692,7 @@ fn accept_resume(
         let hello = match read_hello(&mut reader) {
             Ok(hello) => hello,
             Err(e) => {
-                eprint!(
-                    "hakoniwa: migration in: a connection from {peer} is not a resume: {e}\r\n"
-                );
+                say!("hakoniwa: migration in: a connection from {peer} is not a resume: {e}");
                 continue;
             }
         };
@@ -713,7 +706,7 @@ fn accept_resume(
         };
         if let Err(why) = check {
             let _ = write_message(&mut writer, &Message::Refused(why.clone()));
-            eprint!("hakoniwa: migration in: refused a connection from {peer}: {why}\r\n");
+            say!("hakoniwa: migration in: refused a connection from {peer}: {why}");
             continue;
         }
         write_message(&mut writer, &Message::Welcome(b"{}".to_vec()))?;

@@ -582,7 +582,7 @@ impl FaultThread {
             .name("postcopy-faults".into())
             .spawn(move || {
                 if let Err(e) = serve_faults(&shared, &stop_fd) {
-                    eprint!("hakoniwa: postcopy fault handler: {e}\r\n");
+                    say!("hakoniwa: postcopy fault handler: {e}");
                 }
                 flag.store(true, Ordering::SeqCst);
             })

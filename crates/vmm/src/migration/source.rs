@@ -239,14 +239,14 @@ impl SourceJob {
                         if paused {
                             // Devices first: taking the state paused them.
                             if let Err(e) = self.snapshot.resume_devices() {
-                                eprint!("hakoniwa: cannot resume the virtio devices: {e}\r\n");
+                                say!("hakoniwa: cannot resume the virtio devices: {e}");
                             }
                             self.pauser.resume();
                         }
-                        eprint!("hakoniwa: migration to {} failed: {message}; the VM keeps running here\r\n", self.request.to);
+                        say!("hakoniwa: migration to {} failed: {message}; the VM keeps running here", self.request.to);
                     }
                     Stage::AfterSwitchover => {
-                        eprint!("hakoniwa: migration to {} failed after the switch-over: {message}; the VM stays stopped here\r\n", self.request.to);
+                        say!("hakoniwa: migration to {} failed after the switch-over: {message}; the VM stays stopped here", self.request.to);
                     }
                 }
                 self.status.finish(Phase::Failed, Some(message));
@@ -384,8 +384,8 @@ impl SourceJob {
         sent: &PageBitmap,
     ) -> Result<(TcpStream, TcpStream, Out), MigrationError> {
         self.status.update(|s| s.phase = Phase::Paused);
-        eprint!(
-            "hakoniwa: migration to {} paused: {why}; the guest stays stopped here and on the destination until `hakoniwa ctl migrate --resume --to tcp:HOST:PORT`\r\n",
+        say!(
+            "hakoniwa: migration to {} paused: {why}; the guest stays stopped here and on the destination until `hakoniwa ctl migrate --resume --to tcp:HOST:PORT`",
             self.request.to
         );
         loop {
@@ -404,12 +404,12 @@ impl SourceJob {
                         s.peer = to.clone();
                         s.remaining_pages = (sent.len() - sent.count()) as u64;
                     });
-                    eprint!("hakoniwa: migration resumed to {to}\r\n");
+                    say!("hakoniwa: migration resumed to {to}");
                     return Ok(connection);
                 }
-                Err(e) => eprint!(
-                    "hakoniwa: resuming the migration to {to} failed: {e}; still paused\r\n"
-                ),
+                Err(e) => {
+                    say!("hakoniwa: resuming the migration to {to} failed: {e}; still paused")
+                }
             }
         }
     }
