@@ -131,7 +131,11 @@ HYBRID_MIB_S = 16
 
 BLOB_CMD = ("dd if=/dev/urandom of=/dev/shm/blob bs=1M count=96 2>/dev/null; "
             "md5sum /dev/shm/blob | cut -d' ' -f1")
-COUNTER_CMD = "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) & true"
+# Written aside and renamed: `echo > /tmp/count` truncates first, and a
+# `cat` in between read an empty file (a QEMU run counted as a mismatch).
+COUNTER_CMD = ("(i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; "
+               "mv /tmp/count.new /tmp/count; sleep 0.1; done) & "
+               "while [ ! -e /tmp/count ]; do sleep 0.05; done")
 CHURN_CMD = "(while :; do cp /dev/shm/blob /dev/shm/churn; done) & true"
 DIRTY_CMD = "hk-memtouch -d -m 128 -r 0 &"
 TOUCH_CMD = "hk-memtouch -t 4 -m 100 -P 10"

@@ -83,13 +83,19 @@ fn report(socket: &str) -> serde_json::Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
+/// A counter in the background, ten a second. Each value is written aside
+/// and renamed: `echo $i > /tmp/count` truncates first, and a `cat` in
+/// between reads an empty file (the migration soak caught one). Returns
+/// once the first value is there.
+const COUNTER: &str = "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done) & while [ ! -e /tmp/count ]; do sleep 0.05; done";
+
 /// Starts the guest's workload: 96 MiB of random data in a tmpfs with its
 /// checksum, and a counter in the background. Returns the checksum.
 fn start_workload(vmm: &mut Vmm) -> String {
     let out = vmm.shell(
-        "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=96 2>/dev/null; md5sum /dev/shm/blob | cut -d' ' -f1; \
-         (i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) & true",
+        "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=96 2>/dev/null; md5sum /dev/shm/blob | cut -d' ' -f1",
     );
+    vmm.shell(COUNTER);
     let sum = out.trim().to_string();
     assert_eq!(sum.len(), 32, "{out}");
     sum
@@ -369,7 +375,7 @@ fn refuse_after_the_state(listener: TcpListener) -> usize {
 }
 
 fn counter_started(vmm: &mut Vmm) -> u64 {
-    vmm.shell("(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) & true");
+    vmm.shell(COUNTER);
     std::thread::sleep(Duration::from_millis(500));
     counter(vmm)
 }
