@@ -74,6 +74,7 @@ from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E4
 from lib.hakoniwa import HkPair, api_get, hk_ctl  # noqa: E402
 from lib.kvmtrace import KvmTrace, fold_repeats, stuck_report  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
+from lib.rigfaults import read_evidence, signature  # noqa: E402
 from lib.tables import md_table  # noqa: E402
 from lib.vmm import Proc, free_port  # noqa: E402
 
@@ -867,6 +868,7 @@ def run_one(ctx, spec):
                 vms.collect(evidence)
             rec["outcome"], rec["reason"] = classify(failure, vms, rec["stage"])
             rec["evidence"] = write_evidence(spec, rec, vms, evidence)
+            rec["signature"] = signature(evidence, MEMORY_MIB[spec["mode"]])
     finally:
         # Also when the soak is stopped (SIGINT, SIGTERM): no VM is left.
         if trace:
@@ -1076,13 +1078,36 @@ def l1_death_line(text):
     return None
 
 
+def run_signature(rec):
+    """The rig fault a failed run's evidence shows (bench/lib/rigfaults.py):
+    recorded with the run, or read from its evidence directory (results
+    from before the signatures)."""
+    if "signature" in rec:
+        return rec["signature"]
+    if not rec.get("evidence"):
+        return None
+    return signature(read_evidence(os.path.join(ROOT, rec["evidence"])),
+                     MEMORY_MIB[rec["mode"]])
+
+
+def l1_console_evidence(log_path):
+    """What to keep of a dead L1's console: from just before the first line
+    of its panic (whose call trace says where it was) on, up to 96 KiB, or
+    else its last 16 KiB."""
+    with open(log_path, "rb") as f:
+        text = f.read().decode("utf-8", "replace")
+    m = re.search(r"^.*(BUG: |Kernel panic|general protection|Oops)", text, re.M)
+    if m:
+        start = text.rfind("\n", 0, max(0, m.start() - 2048)) + 1
+        return text[start:start + (96 << 10)]
+    return text[-(16 << 10):]
+
+
 def record_lost_run(state, progress, status, log_path):
     """The run an L1 was in when it ended without recording it: l1_panic
     when the rig died (125) or timed out (124), else harness_error."""
     spec = next(r for r in state["plan"] if r["id"] == progress["run"])
-    with open(log_path, "rb") as f:
-        f.seek(max(0, os.path.getsize(log_path) - 16384))
-        tail = f.read().decode("utf-8", "replace")
+    tail = l1_console_evidence(log_path)
     why = l1_death_line(tail)
     if status in (124, 125):
         outcome = "l1_panic"
@@ -1107,6 +1132,7 @@ def record_lost_run(state, progress, status, log_path):
             spec["id"], spec["vmm"], spec["mode"], outcome, progress.get("stage"), reason,
             json.dumps(progress)))
     rec["evidence"] = os.path.relpath(d, ROOT)
+    rec["signature"] = signature({"l1-console.txt": tail}, MEMORY_MIB[spec["mode"]])
     state["results"][str(spec["id"])] = rec
     log("run %d (L1 %s): %s: %s" % (spec["id"], progress.get("l1"), outcome, reason))
 
@@ -1564,16 +1590,26 @@ def write_md(path, result):
     L.append("")
     failed = [r for r in runs if r["outcome"] != "ok"]
     if failed:
+        signed = {vmm: [r for r in failed if r["vmm"] == vmm and run_signature(r)]
+                  for vmm in params["vmms"]}
+        L.append("Failing runs whose evidence shows a known fault of the rig "
+                 "(bench/lib/rigfaults.py; docs/rig.md, \"L1's state in L2\"): %s." % ", ".join(
+                     "%s %d of %d" % (vmm, len(signed[vmm]),
+                                      sum(1 for r in failed if r["vmm"] == vmm))
+                     for vmm in signed))
+        L.append("")
         L.append("## Failing runs")
         L.append("")
         for r in failed:
             ev = r.get("evidence")
             link = ("[%03d](%s/)" % (r["id"], os.path.relpath(os.path.join(ROOT, ev), RESULTS))
                     if ev else "%03d" % r["id"])
-            L.append("- %s %s %s%s, L1 %s: **%s** at %s: %s" % (
+            sig = run_signature(r)
+            L.append("- %s %s %s%s, L1 %s: **%s** at %s: %s%s" % (
                 link, r["vmm"], r["mode"], ", async PF off" if r["async_pf"] == "off" else "",
                 r.get("l1"), r["outcome"], r.get("stage"),
-                (r.get("reason") or "").splitlines()[0][:400] if r.get("reason") else ""))
+                (r.get("reason") or "").splitlines()[0][:400] if r.get("reason") else "",
+                ". *Rig fault*: " + sig if sig else ""))
         L.append("")
     L.append("## Time per run")
     L.append("")
