@@ -1024,9 +1024,12 @@ def host_environment(params):
         "cpus": os.cpu_count(),
         "rig_qemu": first_line([rig_qemu, "--version"]) if params["rig"] else None,
         "rig_memory_mib": rig_memory(params["parallel"]) if params["rig"] else None,
-        # L1's vCPUs and TCG threading (scripts/rig: HK_RIG_CPUS, HK_RIG_TCG).
-        "rig_cpus": int(os.environ.get("HK_RIG_CPUS", "2")) if params["rig"] else None,
+        # L1's vCPUs, TCG threading, timer and extra kernel words (scripts/rig:
+        # HK_RIG_CPUS, HK_RIG_TCG, HK_RIG_TIMER, HK_RIG_APPEND; their defaults).
+        "rig_cpus": int(os.environ.get("HK_RIG_CPUS", "1")) if params["rig"] else None,
         "rig_tcg": os.environ.get("HK_RIG_TCG", "multi") if params["rig"] else None,
+        "rig_timer": os.environ.get("HK_RIG_TIMER", "periodic") if params["rig"] else None,
+        "rig_append": os.environ.get("HK_RIG_APPEND", "") if params["rig"] else None,
         # L1s side by side (--parallel).
         "rig_parallel": params["parallel"] if params["rig"] else None,
         "python": platform.python_version(),
@@ -1641,6 +1644,13 @@ def write_md(path, result):
             "one L1 at a time", host.get("rig_cpus") or "-",
             "" if host.get("rig_cpus") == 1 else "s", host.get("rig_tcg") or "-",
             host.get("rig_memory_mib")))
+        if host.get("rig_timer") or host.get("rig_append"):
+            L.append("- L1's timer: %s%s" % (
+                {"periodic": "a periodic local APIC tick (`lapic=notscdeadline nohz=off "
+                             "highres=off`)",
+                 "oneshot": "TSC deadline, tickless (the kernel's choice)"}.get(
+                     host.get("rig_timer"), host.get("rig_timer") or "-"),
+                "; more kernel words: `%s`" % host["rig_append"] if host.get("rig_append") else ""))
     if first_env:
         L.append("- %s: kernel %s, %s CPUs, %s MiB, THP %s, KVM %s" % (
             "L1" if params["rig"] else "host", first_env.get("kernel"), first_env.get("cpus"),
