@@ -1026,9 +1026,9 @@ def host_environment(params):
         "rig_memory_mib": rig_memory(params["parallel"]) if params["rig"] else None,
         # L1's vCPUs, TCG threading, timer and extra kernel words (scripts/rig:
         # HK_RIG_CPUS, HK_RIG_TCG, HK_RIG_TIMER, HK_RIG_APPEND; their defaults).
-        "rig_cpus": int(os.environ.get("HK_RIG_CPUS", "1")) if params["rig"] else None,
-        "rig_tcg": os.environ.get("HK_RIG_TCG", "multi") if params["rig"] else None,
-        "rig_timer": os.environ.get("HK_RIG_TIMER", "periodic") if params["rig"] else None,
+        "rig_cpus": int(os.environ.get("HK_RIG_CPUS") or "1") if params["rig"] else None,
+        "rig_tcg": os.environ.get("HK_RIG_TCG") or "multi" if params["rig"] else None,
+        "rig_timer": os.environ.get("HK_RIG_TIMER") or "periodic" if params["rig"] else None,
         "rig_append": os.environ.get("HK_RIG_APPEND", "") if params["rig"] else None,
         # L1s side by side (--parallel).
         "rig_parallel": params["parallel"] if params["rig"] else None,
