@@ -87,8 +87,9 @@ from lib.vmm import Proc, free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
+# %s: L1's vCPUs, counted when the benchmark runs (scripts/rig's HK_RIG_CPUS).
 RIG_NOTE = ("inside L1 under TCG with nested KVM; source, destination, the link "
-            "(loopback) and the clients share L1's 2 vCPUs; absolute figures mean "
+            "(loopback) and the clients share %s; absolute figures mean "
             "little, compare rows of the same run")
 MAC = "52:54:00:12:34:56"
 MIB = 1 << 20
@@ -993,9 +994,15 @@ def part_modes(args, link):
 
 # ----------------------------------------------------------- environment --
 
+def l1_vcpus(n=None):
+    """'L1's N vCPU(s)' for the notes; N defaults to this machine's count."""
+    n = n or os.cpu_count()
+    return "L1's %s" % ("one vCPU" if n == 1 else "%d vCPUs" % n)
+
+
 def environment(args):
     manifest = guest_manifest(args.kernel)
-    rig, kind, where, note = placement(RIG_NOTE, "figures")
+    rig, kind, where, note = placement(RIG_NOTE % l1_vcpus(), "figures")
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "where": where,
@@ -1184,8 +1191,8 @@ def write_md(path, result):
     L.append("")
     L.append("**Context: %s.** The paper ran source and destination on two hosts over "
              "10GbE (150 us ping); here both hakoniwa processes, the loopback link and the "
-             "clients share one L1 with 2 vCPUs under TCG, so a page request costs "
-             "milliseconds, not hundreds of microseconds." % env["note"])
+             "clients share %s under TCG, so a page request costs "
+             "milliseconds, not hundreds of microseconds." % (env["note"], l1_vcpus(env["cpus"])))
     L.append("")
     L.append("Guest: %s, busybox initramfs `%s`, %d vCPU, %d MiB (the paper's VM: 1 vCPU, "
              "1 GB). Postcopy with `--prefetch %d` (the paper's +-8). Link: TCP over L1's "
