@@ -1016,22 +1016,22 @@ def worker(l1, ids, after_run=None):
 # ------------------------------------------------------------------ host ---
 
 def host_environment(params):
-    rig_qemu = os.environ.get("HK_RIG_QEMU") or "qemu-system-x86_64"
+    rig = rig_settings() if params["rig"] else {}
     return {
         "date_utc": utc_now(),
         "host_kernel": platform.release(),
         "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),
-        "rig_qemu": first_line([rig_qemu, "--version"]) if params["rig"] else None,
-        "rig_memory_mib": rig_memory(params["parallel"]) if params["rig"] else None,
-        # L1's vCPUs, TCG threading, timer and extra kernel words (scripts/rig:
-        # HK_RIG_CPUS, HK_RIG_TCG, HK_RIG_TIMER, HK_RIG_APPEND; their defaults).
-        "rig_cpus": int(os.environ.get("HK_RIG_CPUS") or "1") if params["rig"] else None,
-        "rig_tcg": os.environ.get("HK_RIG_TCG") or "multi" if params["rig"] else None,
-        "rig_timer": os.environ.get("HK_RIG_TIMER") or "periodic" if params["rig"] else None,
-        "rig_append": os.environ.get("HK_RIG_APPEND", "") if params["rig"] else None,
+        "rig_qemu": first_line([rig["HK_RIG_QEMU"], "--version"]) if rig else None,
+        "rig_memory_mib": rig_memory(params["parallel"]) if rig else None,
+        # L1's vCPUs, TCG threading, timer and extra kernel words, as
+        # scripts/rig resolves them (its defaults are said there only).
+        "rig_cpus": int(rig["HK_RIG_CPUS"]) if rig else None,
+        "rig_tcg": rig.get("HK_RIG_TCG"),
+        "rig_timer": rig.get("HK_RIG_TIMER"),
+        "rig_append": rig.get("HK_RIG_APPEND"),
         # L1s side by side (--parallel).
-        "rig_parallel": params["parallel"] if params["rig"] else None,
+        "rig_parallel": params["parallel"] if rig else None,
         "python": platform.python_version(),
         "git_commit": first_line(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]),
         # The tree is shared: say what the binary was built with beyond HEAD.
@@ -1042,6 +1042,16 @@ def host_environment(params):
         "guest_initramfs": os.path.relpath(params["initramfs"], ROOT),
         "guest_cmdline": CMDLINE,
     }
+
+
+def rig_settings():
+    """L1's settings as scripts/rig resolves them from HK_RIG_* and its
+    defaults: {"HK_RIG_CPUS": "1", ...}."""
+    out = subprocess.run([os.path.join(ROOT, "scripts", "rig"), "--settings"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        die("scripts/rig --settings failed: %s" % (out.stderr.strip() or out.returncode))
+    return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
 
 
 def rig_memory(parallel):
