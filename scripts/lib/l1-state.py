@@ -12,6 +12,7 @@ before the rig's timeout stops L1: a timed-out run then says whether L1 was
 still working or stuck, and where; with --label, the summary goes to
 stderr as "TEXT: SUMMARY (all of it: OUT)".
 """
+import argparse
 import os
 import re
 import socket
@@ -80,16 +81,17 @@ def summary(answers):
 
 
 def main():
-    args = sys.argv[1:]
-    label = None
-    if len(args) == 6 and args[0] == "--wait" and args[1].isdigit() and args[2] == "--label":
-        time.sleep(int(args[1]))
-        label = args[3]
-        args = args[4:]
-    if len(args) != 2:
-        print("usage: l1-state.py [--wait S --label TEXT] MONITOR OUT", file=sys.stderr)
-        return 2
-    monitor, out = args
+    parser = argparse.ArgumentParser(
+        prog="l1-state.py", description="Where a running L1's vCPUs are.")
+    parser.add_argument("--wait", type=int, default=0, metavar="S",
+                        help="sleep S seconds before asking")
+    parser.add_argument("--label", metavar="TEXT",
+                        help="summary to stderr as 'TEXT: SUMMARY'; quiet if L1 is gone")
+    parser.add_argument("monitor", metavar="MONITOR", help="L1's HMP monitor socket")
+    parser.add_argument("out", metavar="OUT", help="file for the monitor's answers")
+    args = parser.parse_args()
+    time.sleep(args.wait)
+    label, monitor, out = args.label, args.monitor, args.out
     if label and not os.path.exists(monitor):
         return 0  # L1 is gone, and its run directory with it
     try:
