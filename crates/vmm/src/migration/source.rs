@@ -41,9 +41,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a source that migrated away stays up for its last report.
 const FINAL_REPORT_GRACE: Duration = Duration::from_millis(500);
-/// Pages per background frame: small, so a demand request waits behind at
-/// most this much on the wire.
+/// Pages of data per slice of the background push: few, so a demand
+/// request waits behind at most this much on the wire.
 const BACKGROUND_RUN: usize = 16;
+/// Pages a slice of the background push may span. A run of zero pages
+/// costs the wire one frame header, whatever its length, so a slice goes
+/// on over zero pages until it has BACKGROUND_RUN pages of data or spans
+/// this many: an idle 1 GiB guest took 16384 slices of 16 pages (each a
+/// write, a wake-up and a read on both sides) and 13 s to push 105 MiB in
+/// the rig, where precopy took 3 s. Not more: the pages are read for zeros
+/// before requests are looked at again.
+const BACKGROUND_SPAN: usize = MAX_RUN_PAGES;
 
 /// What `ctl migrate` asks for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -597,16 +605,23 @@ impl SourceJob {
         start: usize,
         len: usize,
     ) -> Result<(), MigrationError> {
-        let mut i = start;
-        while i < start + len {
-            let zero = is_zero_page(self.layout.page_bytes(i));
-            let mut j = i + 1;
-            while j < start + len && is_zero_page(self.layout.page_bytes(j)) == zero {
-                j += 1;
-            }
-            let first = self.layout.page_of_index(i);
-            let count = j - i;
-            let message = if zero {
+        let is_zero = |i| is_zero_page(self.layout.page_bytes(i));
+        let runs = page_runs(start, len, |_| false, is_zero, usize::MAX);
+        self.send_frames(out, kind, &runs)
+    }
+
+    /// Sends each run (contiguous in one region) as one frame: `Zero` or
+    /// `Pages`.
+    fn send_frames(
+        &self,
+        out: &mut Out,
+        kind: PageKind,
+        runs: &[PageRun],
+    ) -> Result<(), MigrationError> {
+        for run in runs {
+            let first = self.layout.page_of_index(run.start);
+            let count = run.len;
+            let message = if run.zero {
                 self.status.update(|s| s.pages.zero += count as u64);
                 Message::Zero {
                     kind,
@@ -615,7 +630,7 @@ impl SourceJob {
                 }
             } else {
                 let mut data = Vec::with_capacity(count * PAGE_SIZE);
-                for k in i..j {
+                for k in run.start..run.start + count {
                     data.extend_from_slice(self.layout.page_bytes(k));
                 }
                 Message::Pages { kind, first, data }
@@ -625,7 +640,6 @@ impl SourceJob {
                 PageKind::Demand | PageKind::Prefetch => out.send(&message)?,
             }
             self.status.update(|s| s.pages.add(kind, count as u64));
-            i = j;
         }
         Ok(())
     }
@@ -791,13 +805,19 @@ impl SourceJob {
                 if pushing {
                     let from = sent.next_clear(cursor).or_else(|| sent.next_clear(0));
                     if let Some(start) = from {
-                        let limit = self.layout.pages_left_in_region(start).min(BACKGROUND_RUN);
-                        let mut len = 0;
-                        while len < limit && !sent.set(start + len) {
-                            len += 1;
+                        let span = self.layout.pages_left_in_region(start).min(BACKGROUND_SPAN);
+                        let runs = background_slice(
+                            start,
+                            span,
+                            |i| sent.get(i),
+                            |i| is_zero_page(self.layout.page_bytes(i)),
+                        );
+                        let len: usize = runs.iter().map(|r| r.len).sum();
+                        for i in start..start + len {
+                            sent.set(i);
                         }
                         if let Err(e) = self
-                            .send_run(&mut out, PageKind::Background, start, len)
+                            .send_frames(&mut out, PageKind::Background, &runs)
                             .and_then(|()| out.flush())
                         {
                             break Err(e);
@@ -822,6 +842,60 @@ impl SourceJob {
         }
         result
     }
+}
+
+/// The next slice of the background push from `start`: unsent pages
+/// only, at most `span` of them and at most BACKGROUND_RUN that are not
+/// zero. Empty if `start` was sent.
+fn background_slice(
+    start: usize,
+    span: usize,
+    is_sent: impl Fn(usize) -> bool,
+    is_zero: impl Fn(usize) -> bool,
+) -> Vec<PageRun> {
+    page_runs(start, span, is_sent, is_zero, BACKGROUND_RUN)
+}
+
+/// Pages `start..start+len` in RAM order, all zero or all data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PageRun {
+    start: usize,
+    len: usize,
+    zero: bool,
+}
+
+/// Pages from `start` cut into runs of zero pages and of data, in order:
+/// up to `span` pages, stopping before the first page `is_sent` and before
+/// the page of data past `max_data`.
+fn page_runs(
+    start: usize,
+    span: usize,
+    is_sent: impl Fn(usize) -> bool,
+    is_zero: impl Fn(usize) -> bool,
+    max_data: usize,
+) -> Vec<PageRun> {
+    let mut runs: Vec<PageRun> = Vec::new();
+    let mut data = 0;
+    let mut i = start;
+    while i < start + span && !is_sent(i) {
+        let zero = is_zero(i);
+        if !zero {
+            if data == max_data {
+                break;
+            }
+            data += 1;
+        }
+        match runs.last_mut() {
+            Some(run) if run.zero == zero => run.len += 1,
+            _ => runs.push(PageRun {
+                start: i,
+                len: 1,
+                zero,
+            }),
+        }
+        i += 1;
+    }
+    runs
 }
 
 /// What the destination said during postcopy.
@@ -973,6 +1047,78 @@ fn to_json(value: &impl Serialize) -> Result<Vec<u8>, MigrationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pages a slice takes, and whether it has them in order.
+    fn slice_len(runs: &[PageRun], start: usize) -> usize {
+        let mut at = start;
+        for run in runs {
+            assert_eq!(run.start, at, "runs are contiguous: {runs:?}");
+            assert!(run.len > 0);
+            at += run.len;
+        }
+        at - start
+    }
+
+    #[test]
+    fn a_background_slice_carries_few_pages_of_data_and_spans_zero_pages() {
+        let none_sent = |_| false;
+        let all_data = background_slice(0, 256, none_sent, |_| false);
+        assert_eq!(all_data.len(), 1);
+        assert_eq!(slice_len(&all_data, 0), BACKGROUND_RUN);
+        let all_zero = background_slice(0, 256, none_sent, |_| true);
+        assert_eq!(
+            all_zero,
+            [PageRun {
+                start: 0,
+                len: 256,
+                zero: true
+            }]
+        );
+        // Every other page zero: BACKGROUND_RUN of data and the zeros
+        // between them, stopping before the next page of data.
+        let alternating = background_slice(0, 256, none_sent, |i| i % 2 == 1);
+        assert_eq!(slice_len(&alternating, 0), 2 * BACKGROUND_RUN);
+        assert_eq!(
+            alternating.iter().filter(|r| !r.zero).count(),
+            BACKGROUND_RUN
+        );
+        // Never past a page already sent, nor past the span.
+        assert_eq!(
+            slice_len(&background_slice(10, 256, |i| i == 15, |_| true), 10),
+            5
+        );
+        assert_eq!(
+            slice_len(&background_slice(10, 7, none_sent, |_| true), 10),
+            7
+        );
+        assert!(background_slice(10, 256, |i| i == 10, |_| true).is_empty());
+    }
+
+    #[test]
+    fn page_runs_alternate_and_cover_the_range() {
+        let runs = page_runs(4, 6, |_| false, |i| (6..8).contains(&i), usize::MAX);
+        assert_eq!(
+            runs,
+            [
+                PageRun {
+                    start: 4,
+                    len: 2,
+                    zero: false
+                },
+                PageRun {
+                    start: 6,
+                    len: 2,
+                    zero: true
+                },
+                PageRun {
+                    start: 8,
+                    len: 2,
+                    zero: false
+                },
+            ]
+        );
+        assert!(page_runs(4, 0, |_| false, |_| true, usize::MAX).is_empty());
+    }
 
     #[test]
     fn discard_runs_cover_pages_dirty_and_sent() {
