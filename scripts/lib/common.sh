@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers for hakoniwa's shell scripts (sourced, not run).
 #
 # Everything the scripts need comes from Debian packages, because a fresh CI

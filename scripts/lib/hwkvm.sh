@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # hk_has_hw_kvm: true (status 0) when this machine's /dev/kvm is usable,
 # hardware-assisted KVM (Intel VT-x or AMD-V), so real guests can run on it
 # directly; false on PVM hosts like the project's machines (docs: rig.md),

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Building busybox initramfs images, shared by scripts/build-guest and
 # scripts/rig. Sourced after common.sh and kernel.sh (uses HK_KIMG, HK_KREL,
 # HK_BUSYBOX).

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The guest kernel and busybox, shared by scripts/build-guest (the default
 # guest) and scripts/rig (the L1 Linux): both fetch the same Debian packages
 # once into build/guest/dl and unpack them under build/guest. Sourced after
@@ -100,6 +101,7 @@ hk_busybox_unpacked() {
 }
 
 _hk_busybox_vars() {
+	# shellcheck disable=SC2034 # read by initramfs.sh
 	HK_BUSYBOX=$HK_BUILD/guest/busybox-deb/bin/busybox
 	HK_BUSYBOX_VER=$(<"$HK_BUILD/guest/busybox-deb/.hk-deb")
 	HK_BUSYBOX_VER=${HK_BUSYBOX_VER#*_}

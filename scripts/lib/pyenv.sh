@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # hakoniwa's Python environment (sourced after common.sh, or run directly).
 #
 # hk_pyenv  makes sure build/pyenv is a virtual environment of Debian's
