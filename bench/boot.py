@@ -51,7 +51,7 @@ from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E4
                              guest_manifest, placement, sha256_file)
 from lib.console import PipeReader  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
-from lib.tables import md_table, text_table  # noqa: E402
+from lib.tables import cell, md_table, text_table  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1 hk.bootmark"
@@ -179,7 +179,10 @@ def measure_rss(pid, memory_bytes, exe):
     # size are taken instead. Upper bound, so that e.g. TCG's 1 GiB code
     # buffer is never mistaken for guest RAM.
     slack = max(16 * MIB, memory_bytes // 50)
-    fits = lambda size: memory_bytes - slack <= size <= memory_bytes + slack
+
+    def fits(size):
+        return memory_bytes - slack <= size <= memory_bytes + slack
+
     candidates = [[m] for m in maps if is_plain_anon(m) and fits(m["end"] - m["start"])]
     if not candidates:
         runs = []
@@ -293,7 +296,10 @@ def one_run(args, vmm, kernel, initrd, index, warmup=False):
                             stderr=subprocess.PIPE, close_fds=True)
     out = Stream(proc.stdout.fileno(), [("marker", MARKER_RE), ("prompt", PROMPT_RE)])
     err = Stream(proc.stderr.fileno())
-    alive = lambda: proc.poll() is None
+
+    def alive():
+        return proc.poll() is None
+
     try:
         found = out.wait_found("marker", t0 + args.timeout, alive)
         if found is None:
@@ -544,7 +550,8 @@ def write_markdown(path, result, vmms):
             rnd = "warm-up"
         else:
             rnd = str(r["index"] + 1)
-        g = lambda k, f: (f % r[k]) if r.get(k) is not None else "-"
+        def g(k, f, r=r):
+            return cell(r, k, f)
         rows.append([rnd, r["vmm"], "yes" if r["ok"] else "**no**", g("boot_s", "%.3f"),
                      g("prompt_s", "%.3f"), g("guest_init_s", "%.3f"),
                      g("rss_excl_guest_kib", "%d"), g("rss_total_kib", "%d"),

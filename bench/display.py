@@ -459,7 +459,8 @@ def reading(r):
                         "since one op is a 128x8-pixel string and strings follow one another "
                         "along a text line: at 1024 pixels wide a linear scanline is one page, "
                         "so a whole 8-row text line is 8 pages in linear and 20-42 tiles in "
-                        "tiled (42 where it straddles a tile row); tiles win on compact shapes (a 50x50 rect: 50 pages linear, "
+                        "tiled (42 where it straddles a tile row); tiles win on compact "
+                        "shapes (a 50x50 rect: 50 pages linear, "
                         "4-9 tiled), not on wide, flat ones. The paper's text pattern "
                         "gained 8 %%." % (p, pg[p]) if p == "text" else
                         " **scroll**: tiled reports %.2f x the pages of linear; a scroll "

@@ -308,9 +308,9 @@ def guest_shell(proc, command, timeout):
     except (RuntimeError, OSError):
         if not proc.alive():
             raise Failure("exited", "%s ended (status %s) during `%s`" % (
-                proc.name, proc.proc.returncode, command))
+                proc.name, proc.proc.returncode, command)) from None
         raise Failure("hang", "%s: the guest shell did not answer `%s` within %d s" % (
-            proc.name, command, timeout))
+            proc.name, command, timeout)) from None
 
 
 def trim_report(r):
@@ -360,7 +360,8 @@ class HkVms(Vms):
         try:
             self.pair.start_destination()
         except RuntimeError as e:
-            raise Failure("exited" if not self.pair.dst.alive() else "harness_error", str(e))
+            raise Failure("exited" if not self.pair.dst.alive() else "harness_error",
+                          str(e)) from e
         finally:
             self.dst = self.pair.dst
         return self.dst
@@ -372,7 +373,7 @@ class HkVms(Vms):
         try:
             self.pair.migrate(HK_MIGRATE[self.mode][1], extra)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
-            raise Failure("migration_failed", "ctl migrate: %s" % e)
+            raise Failure("migration_failed", "ctl migrate: %s" % e) from e
 
     def _src_finished(self):
         return ((self.src_report or {}).get("phase") == "completed"
@@ -519,8 +520,8 @@ class QemuVms(Vms):
         except (RuntimeError, OSError) as e:
             if not proc.alive():
                 raise Failure("exited", "%s ended (status %s) during QMP %s" % (
-                    proc.name, proc.proc.returncode, name))
-            raise Failure("hang", "%s: QMP %s: %s" % (proc.name, name, e))
+                    proc.name, proc.proc.returncode, name)) from e
+            raise Failure("hang", "%s: QMP %s: %s" % (proc.name, name, e)) from e
 
     def start_destination(self):
         self.dst = Proc(self.argv(self.dq, True), "QEMU destination")

@@ -174,7 +174,6 @@ def bar(value, top, width=40):
 
 
 def write_md(path, result):
-    main_w = workload_name((result["procs"], result["mib"]))
     L = ["# Shadow-paging benchmark (seed 001)", "",
          "`%s` on %s; %s." % (result["command"], result["date"], result["note"]), ""]
     if result.get("rig_qemu"):

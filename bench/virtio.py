@@ -71,7 +71,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E402
                              guest_manifest, placement, sha256_file)
 from lib.qemu import qemu_argv  # noqa: E402
-from lib.tables import md_table, text_table  # noqa: E402
+from lib.tables import cell, md_table, text_table  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
@@ -700,7 +700,8 @@ def write_markdown(path, result, block, net, args):
             + ["seqread MB/s", "seqwrite MB/s", "g2h MB/s", "h2g MB/s", "VMM CPU s",
                "wall s", "error"]]
     for r in result["runs"]:
-        g = lambda k, f: (f % r[k]) if r.get(k) is not None else "-"  # noqa: E731
+        def g(k, f, r=r):
+            return cell(r, k, f)
         rows.append([str(r["round"] + 1), r["kind"], r["vmm"], r.get("cache", "-"),
                      "yes" if r["ok"] else "**no**"]
                     + [g(c, "%.0f") for c in qcols]

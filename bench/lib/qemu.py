@@ -39,7 +39,7 @@ class Qmp:
             except OSError:
                 self.sock.close()
                 if time.monotonic() > deadline:
-                    raise RuntimeError("no QMP socket at %s" % path)
+                    raise RuntimeError("no QMP socket at %s" % path) from None
                 time.sleep(0.1)
         self.sock.settimeout(timeout)
         self.file = self.sock.makefile("rb")

@@ -12,6 +12,11 @@ def text_table(rows):
     return "\n".join(lines)
 
 
+def cell(row, key, fmt):
+    """row[key] formatted with fmt ("%.1f"), or "-" where it is missing."""
+    return fmt % row[key] if row.get(key) is not None else "-"
+
+
 def md_table(rows):
     out = ["| " + " | ".join(rows[0]) + " |",
            "|" + "|".join("---" for _ in rows[0]) + "|"]
