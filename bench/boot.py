@@ -33,6 +33,7 @@ host (hardware KVM) and builds what is missing.
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -550,8 +551,7 @@ def write_markdown(path, result, vmms):
             rnd = "warm-up"
         else:
             rnd = str(r["index"] + 1)
-        def g(k, f, r=r):
-            return cell(r, k, f)
+        g = functools.partial(cell, r)
         rows.append([rnd, r["vmm"], "yes" if r["ok"] else "**no**", g("boot_s", "%.3f"),
                      g("prompt_s", "%.3f"), g("guest_init_s", "%.3f"),
                      g("rss_excl_guest_kib", "%d"), g("rss_total_kib", "%d"),

@@ -51,6 +51,7 @@ drop_caches).
 import argparse
 import base64
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -700,8 +701,7 @@ def write_markdown(path, result, block, net, args):
             + ["seqread MB/s", "seqwrite MB/s", "g2h MB/s", "h2g MB/s", "VMM CPU s",
                "wall s", "error"]]
     for r in result["runs"]:
-        def g(k, f, r=r):
-            return cell(r, k, f)
+        g = functools.partial(cell, r)
         rows.append([str(r["round"] + 1), r["kind"], r["vmm"], r.get("cache", "-"),
                      "yes" if r["ok"] else "**no**"]
                     + [g(c, "%.0f") for c in qcols]
