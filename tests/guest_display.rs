@@ -6,124 +6,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{ctl, project_root, require_hardware_kvm, temp_socket, Vmm, PROMPT};
-
-const WIDTH: u32 = 1024;
-const HEIGHT: u32 = 768;
-/// The deterministic picture every check draws.
-const SCENE: &str = "hk-fbdraw -p scene -s 7";
-
-fn python() -> PathBuf {
-    let python = project_root().join("build/pyenv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: the display tests need the project's Python environment (scripts/lib/pyenv.sh, run by scripts/test)",
-        python.display()
-    );
-    python
-}
-
-/// How long one vnc_client.py run may take: vncdotool's own timeout covers
-/// only the connection, and its Twisted reactor has been seen to hang.
-const VNC_CLIENT_TIMEOUT_S: &str = "90";
-
-/// Runs tests/display/vnc_client.py; (success, stderr).
-fn vnc_client(args: &[&str]) -> (bool, String) {
-    let out = Command::new("timeout")
-        .args(["-k", "5", VNC_CLIENT_TIMEOUT_S])
-        .arg(python())
-        .arg(project_root().join("tests/display/vnc_client.py"))
-        .args(args)
-        .output()
-        .expect("cannot run vnc_client.py");
-    let mut err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    if out.status.code() == Some(124) || out.status.code().is_none() {
-        err =
-            format!("vnc_client.py {args:?} did not finish within {VNC_CLIENT_TIMEOUT_S} s; {err}");
-    }
-    (out.status.success(), err)
-}
-
-fn tmp(name: &str) -> String {
-    std::env::temp_dir()
-        .join(format!("hakoniwa-display-{}-{name}", std::process::id()))
-        .to_str()
-        .unwrap()
-        .to_string()
-}
-
-/// The expected screen: hk-fbdraw, built for the host, draws `args` into a
-/// linear XRGB file of the display's size.
-fn expected_picture(args: &str) -> String {
-    let tool = tmp("hk-fbdraw");
-    if !Path::new(&tool).exists() {
-        let status = Command::new("gcc")
-            .args(["-O2", "-o", &tool])
-            .arg(project_root().join("guest/tools/hk-fbdraw.c"))
-            .status()
-            .expect("cannot run gcc");
-        assert!(status.success(), "gcc hk-fbdraw.c failed");
-    }
-    let raw = tmp(&format!("expected-{}.raw", args.replace([' ', '-'], "_")));
-    let _ = std::fs::remove_file(&raw);
-    for step in ["-p clear", args] {
-        let mut command = Command::new(&tool);
-        command.args(step.split_whitespace().skip_while(|w| *w == "hk-fbdraw"));
-        command.args(["-F", &raw, "-W", "1024", "-G", "768", "-l", "linear"]);
-        let out = command.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{step}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    raw
-}
-
-fn display_info(socket: &str) -> serde_json::Value {
-    let (ok, out) = ctl(socket, &["display"]);
-    assert!(ok, "ctl display: {out}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
-/// Waits until the display has run `n` more detection periods, so what the
-/// guest drew is on the screen clients see.
-fn settle(socket: &str) {
-    let start = display_info(socket)["periods"].as_u64().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while display_info(socket)["periods"].as_u64().unwrap() < start + 3 {
-        assert!(Instant::now() < deadline, "the display stopped refreshing");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Captures the screen (retrying while the guest's latest drawing may
-/// still be on its way) until it equals `raw`.
-fn assert_screen_is(address: &str, password: Option<&str>, encoding: &str, raw: &str, what: &str) {
-    let png = tmp(&format!("capture-{}.png", what.replace(' ', "_")));
-    let mut last = String::new();
-    for _ in 0..5 {
-        let mut args = vec!["capture", address, &png, "--encoding", encoding];
-        if let Some(p) = password {
-            args.extend(["--password", p]);
-        }
-        let (ok, err) = vnc_client(&args);
-        assert!(ok, "{what}: capture failed: {err}");
-        let w = WIDTH.to_string();
-        let h = HEIGHT.to_string();
-        let (same, diff) = vnc_client(&["matches-raw", &png, raw, &w, &h]);
-        if same {
-            return;
-        }
-        last = diff;
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    panic!("{what}: the VNC picture is not the guest's drawing: {last}");
-}
+use common::display::{
+    assert_screen_is, display_info, expected_after, expected_picture, settle, tmp, vnc_client,
+    SCENE,
+};
+use common::{ctl, require_hardware_kvm, temp_socket, Vmm, PROMPT};
 
 fn boot_with_display(options: &str, socket: &str, extra: &[&str]) -> (Vmm, String) {
     let mut args = vec![
@@ -273,15 +162,8 @@ fn tiled_framebuffer_gives_the_same_picture_and_vnc_auth_is_enforced() {
     let fill = "hk-fbdraw -p fill -x 300 -y 200 -w 100 -H 100 -c 0x00ff00";
     vmm.shell(fill);
     settle(&socket);
-    let want = expected_picture(SCENE);
     // Fill on top of the scene, as the guest did.
-    let tool = tmp("hk-fbdraw");
-    let status = Command::new(&tool)
-        .args(fill.split_whitespace().skip(1))
-        .args(["-F", &want, "-W", "1024", "-G", "768", "-l", "linear"])
-        .output()
-        .unwrap();
-    assert!(status.status.success());
+    let want = expected_after(&[SCENE, fill]);
     assert_screen_is(&address, Some("hk-pass"), "raw", &want, "tiled fill");
     vmm.send("poweroff\n");
     assert!(vmm.wait_exit(Duration::from_secs(60)).success());

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod display;
+pub mod migration;
 pub mod net;
 
 use std::io::{Read, Write};
@@ -232,4 +234,15 @@ pub fn run_to_end(args: &[&str], timeout: Duration) -> (i32, String, String) {
     drop(vmm.stdin.take());
     let status = vmm.wait_exit(timeout);
     (status.code().unwrap_or(-1), vmm.stdout(), vmm.stderr())
+}
+
+/// The metadata section of a snapshot file, as JSON (docs/snapshot.md).
+pub fn snapshot_metadata(path: &str) -> serde_json::Value {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[..8], b"HKNWSNAP");
+    let version_len = u16::from_le_bytes([bytes[12], bytes[13]]) as usize;
+    let section = 14 + version_len + 4;
+    assert_eq!(&bytes[section..section + 4], b"META");
+    let len = u64::from_le_bytes(bytes[section + 4..section + 12].try_into().unwrap()) as usize;
+    serde_json::from_slice(&bytes[section + 16..section + 16 + len]).unwrap()
 }
