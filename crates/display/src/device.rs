@@ -16,11 +16,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvm_ioctls::VmFd;
-
 use crate::config::DisplayConfig;
 use crate::dirty::{
-    CompareTracker, DirtyError, DirtyLogTracker, DirtyMethod, DirtyTracker, FramebufferSlot,
+    CompareTracker, DirtyError, DirtyLogTracker, DirtyMethod, DirtyTracker, FramebufferLog,
     PageSet, WpTracker,
 };
 use crate::framebuffer::FramebufferMemory;
@@ -162,20 +160,21 @@ pub struct Display {
 }
 
 impl Display {
-    /// Maps the framebuffer as KVM slot `slot` at `guest_address`, starts
-    /// update detection and the VNC server. Fails before the guest runs if
-    /// any of it is unavailable (e.g. `dirty=wp` without userfaultfd).
+    /// Starts update detection over `memory` — the framebuffer, which the
+    /// guest sees at `guest_address` through a memory slot whose dirty log
+    /// is `log` — and the VNC server. Fails before the guest runs if any of
+    /// it is unavailable (e.g. `dirty=wp` without userfaultfd). The first
+    /// period sends whatever `memory` holds (black, or a restored picture).
     pub fn start(
         config: &DisplayConfig,
-        vm: Arc<VmFd>,
-        slot: u32,
+        memory: Arc<FramebufferMemory>,
+        log: Arc<dyn FramebufferLog>,
         guest_address: u64,
         input: Arc<dyn InputSink>,
     ) -> Result<Display, DisplayError> {
         let g = config.geometry;
-        let memory = Arc::new(FramebufferMemory::new(g).map_err(DisplayError::Memory)?);
-        let slot = Arc::new(FramebufferSlot::register(vm, slot, guest_address, memory)?);
-        let tracker = make_tracker(config.dirty, &slot)?;
+        let framebuffer = Framebuffer { memory, log };
+        let tracker = make_tracker(config.dirty, &framebuffer)?;
         let control = Arc::new(DisplayControl {
             requests: Mutex::new(Requests::default()),
             wake: Condvar::new(),
@@ -213,7 +212,7 @@ impl Display {
         }
         let updater = Updater {
             control: control.clone(),
-            slot,
+            framebuffer,
             tracker,
             screen,
             vnc,
@@ -264,21 +263,29 @@ impl Drop for Display {
     }
 }
 
+/// The framebuffer's memory and its slot's dirty log.
+struct Framebuffer {
+    memory: Arc<FramebufferMemory>,
+    log: Arc<dyn FramebufferLog>,
+}
+
 fn make_tracker(
     method: DirtyMethod,
-    slot: &Arc<FramebufferSlot>,
+    fb: &Framebuffer,
 ) -> Result<Box<dyn DirtyTracker>, DirtyError> {
     Ok(match method {
         DirtyMethod::Compare => Box::new(CompareTracker),
-        DirtyMethod::DirtyLog => Box::new(DirtyLogTracker::new(slot.clone())?),
-        DirtyMethod::Wp => Box::new(WpTracker::new(slot.memory().clone())?),
+        DirtyMethod::DirtyLog => {
+            Box::new(DirtyLogTracker::new(&fb.log, fb.memory.geometry().pages())?)
+        }
+        DirtyMethod::Wp => Box::new(WpTracker::new(fb.memory.clone())?),
     })
 }
 
 /// The update thread's state.
 struct Updater {
     control: Arc<DisplayControl>,
-    slot: Arc<FramebufferSlot>,
+    framebuffer: Framebuffer,
     tracker: Box<dyn DirtyTracker>,
     screen: Arc<Screen>,
     vnc: VncServer,
@@ -323,7 +330,9 @@ impl Updater {
                 pages.insert_all();
             }
             let t1 = Instant::now();
-            let changes = self.scanner.scan(self.slot.memory(), &pages, &self.screen);
+            let changes = self
+                .scanner
+                .scan(&self.framebuffer.memory, &pages, &self.screen);
             let t2 = Instant::now();
             for m in &changes.moves {
                 self.vnc.copy(m.src, m.dst_x, m.dst_y);
@@ -383,7 +392,7 @@ impl Updater {
             // lifted, before the new one arms.
             let old = self.tracker.method();
             self.tracker = Box::new(CompareTracker);
-            match make_tracker(method, &self.slot) {
+            match make_tracker(method, &self.framebuffer) {
                 Ok(t) => {
                     tracing::info!("display: update detection {old} -> {method}");
                     self.tracker = t;
@@ -391,7 +400,7 @@ impl Updater {
                 Err(e) => {
                     tracing::error!("display: cannot switch to {method}: {e}");
                     error = Some(e.to_string());
-                    if let Ok(t) = make_tracker(old, &self.slot) {
+                    if let Ok(t) = make_tracker(old, &self.framebuffer) {
                         self.tracker = t;
                     }
                 }

@@ -17,13 +17,14 @@ use display::refresh::RefreshMode;
 use display::DisplayControl;
 
 use crate::boot::BootProtocol;
-use crate::event::{EventSender, VmmEvent};
+use crate::event::VmmEvent;
 use crate::migration::source::{MigrationRequest, VmPauser};
-use crate::migration::{MigrationMode, MigrationReports};
-use crate::mmu::{MmuControl, SptBudget};
+use crate::migration::MigrationMode;
+use crate::mmu::SptBudget;
 use crate::snapshot::{SnapshotError, SnapshotSource};
 use crate::vcpu::{Desired, RunControl};
 use crate::vm::kick;
+use crate::vm::Vm;
 use crate::Error;
 
 /// How long pause waits for every vCPU to park.
@@ -109,58 +110,25 @@ impl VmPauser for VcpuPauser {
 
 /// Implements the API on a running VM.
 pub struct VmControl {
-    description: VmDescription,
-    control: Arc<RunControl>,
-    pauser: Arc<VcpuPauser>,
-    events: EventSender,
+    vm: Arc<Vm>,
     shutting_down: AtomicBool,
-    balloon: Option<Arc<BalloonControl>>,
-    mmu: Option<Arc<MmuControl>>,
-    display: Option<Arc<DisplayControl>>,
-    snapshot: Option<Arc<SnapshotSource>>,
     /// A snapshot is being taken: the VM must stay paused until it is done.
     snapshotting: AtomicBool,
-    migration: Option<Arc<MigrationReports>>,
-    inspector: Option<Arc<crate::dump::Inspector>>,
 }
 
 impl VmControl {
-    pub fn new(
-        description: VmDescription,
-        control: Arc<RunControl>,
-        pauser: Arc<VcpuPauser>,
-        events: EventSender,
-        balloon: Option<Arc<BalloonControl>>,
-    ) -> Self {
+    pub fn new(vm: Arc<Vm>) -> Self {
         VmControl {
-            description,
-            control,
-            pauser,
-            events,
+            vm,
             shutting_down: AtomicBool::new(false),
-            balloon,
-            mmu: None,
-            display: None,
-            snapshot: None,
             snapshotting: AtomicBool::new(false),
-            migration: None,
-            inspector: None,
         }
-    }
-
-    /// Serves `vm.dump` (a failure report of the running VM).
-    pub fn with_inspector(mut self, inspector: Arc<crate::dump::Inspector>) -> Self {
-        self.inspector = Some(inspector);
-        self
     }
 
     /// Writes a failure report of the VM as it is now (for a guest that
     /// seems stuck): to `path`, or into `--dump-dir`.
     fn dump(&self, path: Option<&str>) -> Result<ApiResponse, ApiError> {
-        let inspector = self
-            .inspector
-            .as_deref()
-            .ok_or_else(|| ApiError::not_implemented("this VM cannot write reports"))?;
+        let inspector = &self.vm.inspector;
         if self.state() == VmState::ShuttingDown {
             return Err(ApiError::conflict("the VM is shutting down"));
         }
@@ -168,7 +136,7 @@ impl VmControl {
             return Err(ApiError::conflict("a snapshot is being taken"));
         }
         let (file, summary) = inspector
-            .dump_running(self.pauser.as_ref(), path.map(Path::new))
+            .dump_running(self.vm.pauser.as_ref(), path.map(Path::new))
             .map_err(ApiError::conflict)?;
         Ok(ApiResponse::Dump(api::DumpInfo {
             path: file.display().to_string(),
@@ -176,19 +144,8 @@ impl VmControl {
         }))
     }
 
-    /// Serves `vm.migrate` (this VM as a migration's source) and
-    /// `vm.migration` (its migrations' reports).
-    pub fn with_migration(mut self, reports: Arc<MigrationReports>) -> Self {
-        self.migration = Some(reports);
-        self
-    }
-
     fn migrate(&self, request: MigrateRequest) -> Result<ApiResponse, ApiError> {
-        let source = self
-            .migration
-            .as_deref()
-            .map(|m| &m.source)
-            .ok_or_else(|| ApiError::not_implemented("this VM cannot be migrated"))?;
+        let source = &self.vm.migrations.source;
         if self.state() == VmState::ShuttingDown {
             return Err(ApiError::conflict("the VM is shutting down"));
         }
@@ -222,34 +179,22 @@ impl VmControl {
     /// one, else the one it came in by.
     fn migration_info(&self) -> Result<ApiResponse, ApiError> {
         let status = self
-            .migration
-            .as_ref()
-            .and_then(|m| m.latest())
+            .vm
+            .migrations
+            .latest()
             .ok_or_else(|| ApiError::conflict("no migration has run in this VMM"))?;
         serde_json::to_value(&status)
             .map(ApiResponse::Migration)
             .map_err(|e| ApiError::internal(format!("migration report: {e}")))
     }
 
-    /// Serves `vm.snapshot` from `snapshot`.
-    pub fn with_snapshot(mut self, snapshot: Arc<SnapshotSource>) -> Self {
-        self.snapshot = Some(snapshot);
-        self
-    }
-
     /// Pauses the VM (unless it is paused already), saves it to `path`, and
     /// resumes it if it was running (docs/snapshot.md).
     fn snapshot(&self, path: &str) -> Result<ApiResponse, ApiError> {
-        let source = self
-            .snapshot
-            .as_deref()
-            .ok_or_else(|| ApiError::not_implemented("this VM cannot be snapshotted"))?;
+        let source = &self.vm.snapshot;
         if path.trim().is_empty() {
             return Err(ApiError::bad_request("path: give the snapshot file's path"));
         }
-        source
-            .check_supported()
-            .map_err(|e| ApiError::conflict(e.to_string()))?;
         if self.snapshotting.swap(true, Ordering::SeqCst) {
             return Err(ApiError::conflict("a snapshot is already being taken"));
         }
@@ -271,14 +216,14 @@ impl VmControl {
         if was_running {
             if let Err(e) = self.pause() {
                 // Let the vCPUs that did park run again.
-                self.control.set_if(Desired::Pause, Desired::Run);
+                self.vm.run.set_if(Desired::Pause, Desired::Run);
                 return Err(e);
             }
         }
-        let result = source.save(path, &self.control);
+        let result = source.save(path, &self.vm.run);
         if was_running {
             // Unless something stopped the VM meanwhile.
-            self.control.set_if(Desired::Pause, Desired::Run);
+            self.vm.run.set_if(Desired::Pause, Desired::Run);
         }
         result.map(|_| ApiResponse::Empty).map_err(|e| match e {
             SnapshotError::Io { .. } | SnapshotError::Open { .. } => {
@@ -288,14 +233,9 @@ impl VmControl {
         })
     }
 
-    /// Serves `vm.display` from `display`.
-    pub fn with_display(mut self, display: Option<Arc<DisplayControl>>) -> Self {
-        self.display = display;
-        self
-    }
-
     fn display(&self) -> Result<&DisplayControl, ApiError> {
-        self.display
+        self.vm
+            .display
             .as_deref()
             .ok_or_else(|| ApiError::conflict("the VM has no display (start it with --display)"))
     }
@@ -306,8 +246,8 @@ impl VmControl {
         let metrics = self.display()?.metrics();
         let mut value = serde_json::to_value(&metrics)
             .map_err(|e| ApiError::internal(format!("display metrics: {e}")))?;
-        if let (Some(mmu), Some(object)) = (&self.mmu, value.as_object_mut()) {
-            let info = mmu.info();
+        if let Some(object) = value.as_object_mut() {
+            let info = self.vm.mmu.info();
             object.insert("kvm".into(), serde_json::json!(info.vcpu_stats));
             object.insert("kvm_vm".into(), serde_json::json!(info.stats));
         }
@@ -335,20 +275,9 @@ impl VmControl {
             .map_err(ApiError::conflict)
     }
 
-    /// Serves `vm.mmu` from `mmu`.
-    pub fn with_mmu(mut self, mmu: Arc<MmuControl>) -> Self {
-        self.mmu = Some(mmu);
-        self
-    }
-
-    fn mmu(&self) -> Result<&MmuControl, ApiError> {
-        self.mmu
-            .as_deref()
-            .ok_or_else(|| ApiError::not_implemented("this VM has no MMU control"))
-    }
-
     fn balloon(&self) -> Result<&BalloonControl, ApiError> {
-        self.balloon
+        self.vm
+            .balloon
             .as_deref()
             .ok_or_else(|| ApiError::conflict("the VM has no balloon (start it with --balloon)"))
     }
@@ -372,7 +301,7 @@ impl VmControl {
         if self.shutting_down.load(Ordering::SeqCst) {
             return VmState::ShuttingDown;
         }
-        match self.control.desired() {
+        match self.vm.run.desired() {
             Desired::Run => VmState::Running,
             Desired::Pause => VmState::Paused,
             Desired::Stop => VmState::ShuttingDown,
@@ -380,7 +309,7 @@ impl VmControl {
     }
 
     fn info(&self) -> VmInfo {
-        let d = &self.description;
+        let d = &self.vm.description;
         VmInfo {
             state: self.state(),
             vcpus: u32::from(d.vcpus),
@@ -406,7 +335,8 @@ impl VmControl {
             VmState::Paused => return Err(ApiError::conflict("the VM is already paused")),
             VmState::ShuttingDown => return Err(ApiError::conflict("the VM is shutting down")),
         }
-        self.pauser
+        self.vm
+            .pauser
             .pause()
             .map(|()| ApiResponse::Empty)
             .map_err(ApiError::internal)
@@ -420,7 +350,7 @@ impl VmControl {
         }
         match self.state() {
             VmState::Paused => {
-                self.control.set(Desired::Run);
+                self.vm.run.set(Desired::Run);
                 Ok(ApiResponse::Empty)
             }
             VmState::Running => Err(ApiError::conflict("the VM is not paused")),
@@ -440,7 +370,7 @@ impl VmController for VmControl {
             ApiAction::Resume => self.resume(),
             ApiAction::Shutdown => {
                 self.shutting_down.store(true, Ordering::SeqCst);
-                self.events.send(VmmEvent::ApiShutdown);
+                self.vm.events.send(VmmEvent::ApiShutdown);
                 Ok(ApiResponse::Empty)
             }
             ApiAction::BalloonInfo => self.balloon_info(),
@@ -449,11 +379,13 @@ impl VmController for VmControl {
                 .set_target_mib(target.target_mib)
                 .map(|()| ApiResponse::Empty)
                 .map_err(|e| ApiError::conflict(e.to_string())),
-            ApiAction::MmuInfo => Ok(ApiResponse::Mmu(self.mmu()?.info())),
+            ApiAction::MmuInfo => Ok(ApiResponse::Mmu(self.vm.mmu.info())),
             ApiAction::MmuSet(settings) => {
-                let budget = SptBudget::from_api(settings.spt_pages, self.description.memory_bytes)
-                    .map_err(|e| ApiError::bad_request(format!("spt_pages: {e}")))?;
-                self.mmu()?
+                let budget =
+                    SptBudget::from_api(settings.spt_pages, self.vm.description.memory_bytes)
+                        .map_err(|e| ApiError::bad_request(format!("spt_pages: {e}")))?;
+                self.vm
+                    .mmu
                     .set(budget)
                     .map(|()| ApiResponse::Empty)
                     .map_err(|e| match e {

@@ -7,12 +7,17 @@ use std::sync::Arc;
 
 use arch::bootparams::LinearFramebuffer;
 use arch::layout::{FRAMEBUFFER_MAX_SIZE, FRAMEBUFFER_START};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
 use devices::virtio::input::{codes, InputControl, InputKind};
+use display::dirty::{DirtyError, FramebufferLog, FramebufferLogReader};
+use display::framebuffer::FramebufferMemory;
 use display::keymap::keysym_to_evdev;
 use display::{Display, DisplayConfig, DisplayControl, InputSink};
-use kvm_ioctls::VmFd;
 
+use crate::memory::{DirtyLogReader, MemoryManager};
 use crate::metrics::MetricsSource;
+use crate::snapshot::state::FramebufferState;
 use crate::Error;
 
 /// The boot-time description of the framebuffer (vesafb reads it).
@@ -33,17 +38,135 @@ pub fn layout_cmdline_word(config: &DisplayConfig) -> String {
     format!("hk.fb={}", config.geometry.layout)
 }
 
-/// Starts the display: its memory slot is the one after guest RAM's.
-pub fn start_display(
-    config: &DisplayConfig,
-    vm: &Arc<VmFd>,
-    slot: u32,
-    inputs: &[Arc<InputControl>],
-) -> Result<Display, Error> {
-    debug_assert!(config.geometry.mapped_bytes() as u64 <= FRAMEBUFFER_MAX_SIZE);
-    let sink = Arc::new(VirtioInputSink::new(inputs, config));
-    Display::start(config, vm.clone(), slot, FRAMEBUFFER_START, sink)
+/// The framebuffer: its own memory, given to the guest at
+/// `FRAMEBUFFER_START` in a slot the memory manager allocates.
+pub struct Framebuffer {
+    config: DisplayConfig,
+    memory: Arc<FramebufferMemory>,
+    log: Arc<dyn FramebufferLog>,
+}
+
+impl Framebuffer {
+    /// Maps the framebuffer (black) and registers its slot.
+    pub fn map(config: &DisplayConfig, manager: &Arc<MemoryManager>) -> Result<Framebuffer, Error> {
+        let g = config.geometry;
+        debug_assert!(g.mapped_bytes() as u64 <= FRAMEBUFFER_MAX_SIZE);
+        let memory = Arc::new(
+            FramebufferMemory::new(g)
+                .map_err(|e| Error::Device("--display".into(), format!("framebuffer: {e}")))?,
+        );
+        // SAFETY: the mapping is `memory.len()` bytes, kept alive by the
+        // Arc the manager holds; `FRAMEBUFFER_START` is a window reserved
+        // for it in the memory map (above RAM below 4 GiB, in the hole).
+        let slot = unsafe {
+            manager.add_region(
+                "framebuffer",
+                memory.host_address(),
+                memory.len(),
+                FRAMEBUFFER_START,
+                memory.clone(),
+            )
+        }?;
+        Ok(Framebuffer {
+            config: config.clone(),
+            memory,
+            log: Arc::new(SlotLog {
+                manager: manager.clone(),
+                slot,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &DisplayConfig {
+        &self.config
+    }
+
+    /// The geometry words a snapshot and a migration check
+    /// ("1024x768 tiled").
+    pub fn describe(config: &DisplayConfig) -> String {
+        let g = config.geometry;
+        format!("{}x{} {}", g.width, g.height, g.layout)
+    }
+
+    /// Starts update detection and the VNC server over the framebuffer as
+    /// it is (black, or the picture a restore or migration put back).
+    pub fn start_display(&self, inputs: &[Arc<InputControl>]) -> Result<Display, Error> {
+        let sink = Arc::new(VirtioInputSink::new(inputs, &self.config));
+        Display::start(
+            &self.config,
+            self.memory.clone(),
+            self.log.clone(),
+            FRAMEBUFFER_START,
+            sink,
+        )
         .map_err(|e| Error::Device("--display".into(), e.to_string()))
+    }
+
+    /// The pixels, for a snapshot or a migration's switch-over (the vCPUs
+    /// are paused, so they do not change meanwhile).
+    pub fn save(&self) -> FramebufferState {
+        let mut bytes = vec![0u8; self.memory.len()];
+        let mut page = [0u8; display::layout::PAGE_SIZE];
+        for (index, chunk) in bytes.chunks_mut(page.len()).enumerate() {
+            self.memory.read_page(index, &mut page);
+            chunk.copy_from_slice(&page[..chunk.len()]);
+        }
+        FramebufferState {
+            pixels: BASE64.encode(&bytes),
+        }
+    }
+
+    /// Puts saved pixels back, before the display starts and any vCPU runs.
+    pub fn restore(&self, state: &FramebufferState) -> Result<(), String> {
+        let bytes = BASE64
+            .decode(&state.pixels)
+            .map_err(|e| format!("framebuffer: {e}"))?;
+        if bytes.len() != self.memory.len() {
+            return Err(format!(
+                "framebuffer of {} bytes, this display has {}",
+                bytes.len(),
+                self.memory.len()
+            ));
+        }
+        self.memory.write(0, &bytes);
+        Ok(())
+    }
+}
+
+/// The framebuffer slot's dirty log, through the memory manager.
+struct SlotLog {
+    manager: Arc<MemoryManager>,
+    slot: u32,
+}
+
+impl FramebufferLog for SlotLog {
+    fn open(&self) -> Result<Box<dyn FramebufferLogReader>, DirtyError> {
+        let reader = self
+            .manager
+            .dirty_log(&[self.slot])
+            .map_err(|e| DirtyError::Log(e.to_string()))?;
+        Ok(Box::new(SlotLogReader {
+            reader,
+            slot: self.slot,
+        }))
+    }
+
+    fn manual_protect(&self) -> bool {
+        self.manager.manual_protect()
+    }
+}
+
+struct SlotLogReader {
+    reader: DirtyLogReader,
+    slot: u32,
+}
+
+impl FramebufferLogReader for SlotLogReader {
+    fn harvest(&mut self) -> Result<Vec<u64>, DirtyError> {
+        self.reader
+            .harvest(self.slot)
+            .map_err(|e| DirtyError::Log(e.to_string()))
+    }
 }
 
 /// The virtio-input options `--display` adds when the user gave none: a

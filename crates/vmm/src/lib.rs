@@ -3,10 +3,11 @@
 //!
 //! Module map (see docs/architecture.md):
 //! - [`config`]: what the user asked for, checked without KVM;
-//! - [`memory`]: guest RAM and its KVM memory slots;
+//! - [`memory`]: the memory manager: guest RAM, KVM slots, dirty logs;
 //! - [`boot`]: kernel, initramfs and command line into guest memory;
 //! - [`vcpu`]: vCPU threads and their exit dispatch;
-//! - [`vm`]: the builder and the VM's lifetime;
+//! - [`start`]: the three ways a VM starts (boot, restore, migration in);
+//! - [`vm`]: the builder, the built [`vm::Vm`] and its lifetime;
 //! - [`console`], [`signals`], [`controller`]: the ways the outside world
 //!   talks to a running VM (terminal, Unix signals, control API);
 //! - [`event`]: why a VM ends, and hakoniwa's exit status for it;
@@ -37,6 +38,7 @@ pub mod mmu;
 pub mod platform;
 pub mod signals;
 pub mod snapshot;
+pub mod start;
 pub mod stats;
 pub mod vcpu;
 pub mod vm;

@@ -1,393 +1,431 @@
 //! Building a VM top to bottom and running it until something ends it:
-//! KVM → guest memory → platform devices → ACPI and boot images → vCPUs →
-//! console, signals and API → wait for the first ending event → stop.
+//! KVM → memory manager → platform devices → the start (boot, restore or
+//! migration in) → display → vCPUs → console, signals and API → wait for
+//! the first ending event → stop.
 
 use std::os::unix::thread::JoinHandleExt;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use arch::acpi::write_acpi_tables;
+use api::ApiServer;
 use arch::cpuid::{patch_cpuid, CpuidOptions};
 use arch::layout::{KVM_IDENTITY_MAP_ADDRESS, KVM_TSS_ADDRESS};
-use arch::reset_vector::write_reset_vector;
+use devices::virtio::balloon::BalloonControl;
 use devices::ExitNotifier;
-use display::DisplayConfig;
+use display::{DisplayConfig, DisplayControl};
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VmFd};
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 
-use crate::boot::{check_boot_files, load_boot_images, BootProtocol};
-use crate::config::{format_size, VmConfig};
+use crate::config::{format_size, VirtioConfig, VmConfig};
 use crate::console::{spawn_input_thread, RawTerminal};
 use crate::controller::{VcpuPauser, VmControl, VmDescription};
-use crate::display::{
-    boot_framebuffer, default_inputs, layout_cmdline_word, start_display, DisplayMetrics,
-};
+use crate::display::{default_inputs, layout_cmdline_word, DisplayMetrics, Framebuffer};
 use crate::dump::Inspector;
 use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
-use crate::memory::{create_guest_memory, register_guest_memory, GuestMemoryMmap};
+use crate::memory::{create_guest_memory, MemoryManager};
 use crate::metrics::{MetricsSink, MetricsSource, MetricsWriter};
-use crate::migration::{
-    Incoming, IncomingAddress, MigrationError, MigrationReports, MigrationSource,
-};
+use crate::migration::{MigrationReports, MigrationSource};
 use crate::mmu::{AgentListener, MmuControl, SptBudget};
-use crate::platform::{create_virtio_devices, Platform};
+use crate::platform::{create_virtio_devices, Platform, VirtioDevices};
 use crate::snapshot::restore as snapshot_restore;
 use crate::snapshot::SnapshotSource;
+use crate::start::{Loaded, Start, Target, VcpuStart};
 use crate::vcpu::{install_kick_handler, kick_signal, Desired, RunControl, Vcpu};
 use crate::{signals, Error};
 
-/// A VM that is built and whose vCPUs are running.
+/// A built VM: what the control API, snapshots and migrations act on.
 pub struct Vm {
-    // Field order is drop order: vCPU threads first, then the VM, then memory.
-    vcpu_threads: Vec<JoinHandle<()>>,
-    control: Arc<RunControl>,
-    _vm_fd: Arc<VmFd>,
-    _memory: GuestMemoryMmap,
+    pub description: VmDescription,
+    pub memory: Arc<MemoryManager>,
+    pub run: Arc<RunControl>,
+    pub pauser: Arc<VcpuPauser>,
+    pub events: EventSender,
+    /// The shadow-page budget (docs/shadow-paging.md).
+    pub mmu: Arc<MmuControl>,
+    pub display: Option<Arc<DisplayControl>>,
+    pub balloon: Option<Arc<BalloonControl>>,
+    pub snapshot: Arc<SnapshotSource>,
+    pub migrations: Arc<MigrationReports>,
+    /// Failure reports (--dump-dir, ctl dump).
+    pub inspector: Arc<Inspector>,
+}
+
+impl Vm {
+    /// The sections of the `--metrics` file: "mmu", "kvm", "migration",
+    /// and "display" when there is one.
+    pub fn metrics_sources(&self) -> Vec<Arc<dyn MetricsSource>> {
+        let mut sources: Vec<Arc<dyn MetricsSource>> = vec![
+            self.mmu.clone(),
+            self.mmu.shared_stats(),
+            self.migrations.clone(),
+        ];
+        if let Some(display) = &self.display {
+            sources.push(Arc::new(DisplayMetrics(display.clone())));
+        }
+        sources
+    }
 }
 
 /// Builds the VM from `config`, runs it, and returns how hakoniwa should end.
 pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
+    // Everything that can be checked without KVM fails first.
     signals::block_stop_signals()?;
     check_host_memory(config.memory_bytes)?;
-    // `--restore`: the snapshot, checked against the flags before any KVM
-    // work; `--incoming`: the listening socket, bound before any KVM work.
-    // Either way the kernel is not loaded, so not checked.
-    let mut restore = match &config.restore {
-        Some(path) => Some(snapshot_restore::open_for(config, path)?),
-        None => None,
-    };
-    let incoming = match &config.incoming {
-        Some(address) => {
-            if let Some((what, flags)) = snapshot_restore::unsupported(config) {
-                return Err(Error::Migration(MigrationError::Invalid(format!(
-                    "migration of {what} is not supported yet ({flags})"
-                ))));
-            }
-            Some(Incoming::bind(&IncomingAddress(address.clone()))?)
-        }
-        None => None,
-    };
-    if restore.is_none() && incoming.is_none() {
-        check_boot_files(
-            &config.kernel,
-            config.initramfs.as_deref(),
-            config.memory_bytes,
-        )?;
-    }
     let display_config = parse_display(config)?;
-    let mut virtio_config = config.virtio.clone();
-    if let Some(display) = &display_config {
-        if virtio_config.inputs.is_empty() {
-            virtio_config.inputs = default_inputs(display);
-        }
-    }
-    let mut virtio_devices = create_virtio_devices(&virtio_config)?;
-    // The metrics file, opened before any KVM work so a bad path fails early.
-    let metrics_sink = match &config.metrics {
-        Some(metrics) => Some(MetricsSink::open(&metrics.path)?),
-        None => None,
-    };
+    let start = Start::prepare(config)?;
+    let mut virtio = create_virtio_devices(&virtio_options(config, display_config.as_ref()))?;
+    let metrics_sink = open_metrics(config)?;
 
     let (events, ending) = channel();
-    let control = Arc::new(RunControl::default());
-    let kvm = Kvm::new().map_err(Error::OpenKvm)?;
-    // The MSRs a snapshot saves (docs/snapshot.md).
-    let msr_indices = kvm
-        .get_msr_index_list()
-        .map_err(|e| Error::Kvm("KVM_GET_MSR_INDEX_LIST", e))?
-        .as_slice()
-        .to_vec();
-    let vm_fd = Arc::new(create_vm(&kvm)?);
-    let memory = create_guest_memory(config.memory_bytes)?;
-    register_guest_memory(&vm_fd, &memory)?;
-    // The framebuffer takes the memory slot after RAM's.
-    let display = match &display_config {
-        Some(c) => Some(start_display(
-            c,
-            &vm_fd,
-            arch::layout::ram_regions(config.memory_bytes).len() as u32,
-            &virtio_devices.inputs,
-        )?),
+    let core = Core::create(config, events)?;
+    let framebuffer = match &display_config {
+        Some(c) => Some(Arc::new(Framebuffer::map(c, &core.memory)?)),
         None => None,
     };
-    // The shadow-page budget, before any vCPU runs (docs/shadow-paging.md).
-    let mmu = Arc::new(MmuControl::new(
-        vm_fd.clone(),
-        config.memory_bytes,
-        config.spt_budget,
-    )?);
-    let _mmu_agent = start_mmu_agent(config, &mmu)?;
+    let _mmu_agent = start_mmu_agent(config, &core.mmu)?;
+    let platform = build_platform(&core, &mut virtio)?;
+    let cmdline = guest_cmdline(config, display_config.as_ref());
+    let mut loaded = start.load(&Target {
+        config,
+        memory: &core.memory,
+        platform: &platform,
+        framebuffer: framebuffer.as_deref(),
+        cmdline: &cmdline,
+    })?;
+    let display = match &framebuffer {
+        Some(fb) => Some(fb.start_display(&virtio.inputs)?),
+        None => None,
+    };
+    let inspector = inspector(config, &core, &platform, &loaded);
+    let vcpus = create_vcpus(config, &core, &platform, &loaded.vcpus, &inspector)?;
+    // Restored devices go on from here: every vCPU's LAPIC is back, so
+    // the interrupts they raise now reach the guest.
+    if loaded.vcpus.restored() {
+        snapshot_restore::resume_devices(&platform)?;
+    }
+    let mut threads = VcpuThreads::spawn(vcpus, &core)?;
+    let pauser = Arc::new(VcpuPauser::new(core.control.clone(), threads.pthreads()));
+    // A migrated-in VM runs from here: tell the source (postcopy: RAM
+    // keeps coming in the background and on demand).
+    if let Some(received) = &mut loaded.received {
+        received.started(pauser.clone())?;
+    }
+    let _raw_terminal = start_console(config, &platform, &core.events)?;
+    signals::spawn_signal_thread(core.events.clone())?;
 
-    let notifier = exit_notifier(control.clone(), events.clone());
-    let mut platform = Platform::new(&vm_fd, notifier)?;
-    for device in std::mem::take(&mut virtio_devices.devices) {
-        platform.attach_virtio(&vm_fd, &memory, device)?;
+    let vm = Arc::new(assemble(
+        config,
+        &core,
+        Parts {
+            platform,
+            loaded,
+            framebuffer,
+            display: display.as_ref().map(|d| d.control()),
+            balloon: virtio.balloon.clone(),
+            pauser,
+            inspector: inspector.clone(),
+        },
+    )?);
+    let metrics = start_metrics(metrics_sink, config, &vm)?;
+    let _api_server = start_api(config, &vm)?;
+
+    let event = ending
+        .recv()
+        .unwrap_or(VmmEvent::Error("event channel closed".into()));
+    finish(
+        event,
+        &mut threads,
+        &core.control,
+        &inspector,
+        metrics,
+        config,
+    )
+}
+
+/// The KVM VM and what every later step of the build needs.
+struct Core {
+    kvm: Kvm,
+    memory: Arc<MemoryManager>,
+    control: Arc<RunControl>,
+    events: EventSender,
+    /// The shadow-page budget, set before any vCPU runs
+    /// (docs/shadow-paging.md).
+    mmu: Arc<MmuControl>,
+}
+
+impl Core {
+    fn create(config: &VmConfig, events: EventSender) -> Result<Core, Error> {
+        let kvm = Kvm::new().map_err(Error::OpenKvm)?;
+        let vm_fd = Arc::new(create_vm(&kvm)?);
+        let ram = create_guest_memory(config.memory_bytes)?;
+        let memory = MemoryManager::new(vm_fd.clone(), ram)?;
+        let mmu = MmuControl::new(vm_fd, config.memory_bytes, config.spt_budget)?;
+        Ok(Core {
+            kvm,
+            memory,
+            control: Arc::new(RunControl::default()),
+            events,
+            mmu: Arc::new(mmu),
+        })
     }
-    let mut cmdline = guest_cmdline(config);
-    if let Some(display) = &display_config {
-        cmdline = format!("{cmdline} {}", layout_cmdline_word(display));
-    }
-    // Booting writes the firmware tables and loads the kernel; restoring
-    // and migrating in take RAM and the VM-wide KVM and device state from
-    // the snapshot or the source instead, before any vCPU exists.
-    let mut received = None;
-    let entry = match (&mut restore, incoming) {
-        (Some(reader), _) => {
-            snapshot_restore::check_devices(reader, &platform.devices)?;
-            reader.load_ram(&memory)?;
-            snapshot_restore::apply_vm_state(&vm_fd, &platform, &reader.snapshot)?;
-            None
-        }
-        (None, Some(incoming)) => {
-            let machine = snapshot_restore::machine_state(
-                config,
-                &platform.devices,
-                BootProtocol::Linux64,
-                String::new(),
-                String::new(),
-            );
-            let vm = incoming.receive(&memory, &machine)?;
-            snapshot_restore::apply_vm_state(&vm_fd, &platform, &vm.snapshot)?;
-            received = Some(vm);
-            None
-        }
-        (None, None) => {
-            let rsdp = write_acpi_tables(&memory, &platform.acpi(config.vcpus))?;
-            let (reset_port, reset_value) = Platform::reset_register();
-            write_reset_vector(&memory, reset_port, reset_value)?;
-            Some(load_boot_images(
-                &memory,
-                config.memory_bytes,
-                &config.kernel,
-                config.initramfs.as_deref(),
-                &cmdline,
-                rsdp,
-                display_config.as_ref().map(boot_framebuffer),
-            )?)
-        }
-    };
-    // The state the vCPUs take, when they do not boot.
-    let saved = restore
-        .as_ref()
-        .map(|reader| &reader.snapshot)
-        .or(received.as_ref().map(|vm| &vm.snapshot));
-    // What vm.info and the next snapshot say about the boot.
-    let (kernel, cmdline, boot_protocol) = match (saved, &entry) {
-        (Some(saved), _) => {
-            let machine = &saved.machine;
-            (
-                machine.kernel.clone(),
-                machine.cmdline.clone(),
-                snapshot_restore::boot_protocol(machine),
-            )
-        }
-        (None, Some(entry)) => (
-            config.kernel.display().to_string(),
-            cmdline.clone(),
-            entry.protocol,
-        ),
-        (None, None) => unreachable!("a VM either boots or restores"),
-    };
-    let xsave_size = snapshot_restore::xsave_size(&vm_fd);
-    // Failure reports (--dump-dir, ctl dump).
-    let inspector = Arc::new(
+}
+
+/// What the build made besides the core, for [`assemble`].
+struct Parts {
+    platform: Platform,
+    loaded: Loaded,
+    framebuffer: Option<Arc<Framebuffer>>,
+    display: Option<Arc<DisplayControl>>,
+    balloon: Option<Arc<BalloonControl>>,
+    pauser: Arc<VcpuPauser>,
+    inspector: Arc<Inspector>,
+}
+
+/// The metrics file, opened before any KVM work so a bad path fails early.
+fn open_metrics(config: &VmConfig) -> Result<Option<MetricsSink>, Error> {
+    Ok(match &config.metrics {
+        Some(metrics) => Some(MetricsSink::open(&metrics.path)?),
+        None => None,
+    })
+}
+
+/// The periodic metrics writer (--metrics), over the VM's own sources.
+fn start_metrics(
+    sink: Option<MetricsSink>,
+    config: &VmConfig,
+    vm: &Vm,
+) -> Result<Option<MetricsWriter>, Error> {
+    Ok(match (sink, &config.metrics) {
+        (Some(sink), Some(m)) => Some(MetricsWriter::start(
+            sink,
+            m.interval,
+            vm.metrics_sources(),
+        )?),
+        _ => None,
+    })
+}
+
+/// The control API (--api-socket), acting on `vm`.
+fn start_api(config: &VmConfig, vm: &Arc<Vm>) -> Result<Option<ApiServer>, Error> {
+    Ok(match &config.api_socket {
+        Some(path) => Some(crate::controller::start_api_server(
+            path,
+            Arc::new(VmControl::new(vm.clone())),
+        )?),
+        None => None,
+    })
+}
+
+/// Failure reports (--dump-dir, ctl dump); a migrated-in VM's say where
+/// its pages came from.
+fn inspector(
+    config: &VmConfig,
+    core: &Core,
+    platform: &Platform,
+    loaded: &Loaded,
+) -> Arc<Inspector> {
+    Arc::new(
         Inspector::new(
-            memory.clone(),
-            vm_fd.clone(),
+            core.memory.ram().clone(),
+            core.memory.vm_fd().clone(),
             platform.serial.clone(),
             platform.console_tail.clone(),
             config.vcpus,
             config.dump_dir.clone(),
         )
-        .with_history(received.as_ref().map(|r| r.history())),
-    );
+        .with_history(loaded.received.as_ref().map(|r| r.history())),
+    )
+}
 
-    install_kick_handler()?;
-    let mut vm = Vm {
-        vcpu_threads: Vec::new(),
-        control: control.clone(),
-        _vm_fd: vm_fd.clone(),
-        _memory: memory.clone(),
-    };
+/// The virtio devices' options: the user's, plus a keyboard and a tablet
+/// for a display when the user named no input device.
+fn virtio_options(config: &VmConfig, display: Option<&DisplayConfig>) -> VirtioConfig {
+    let mut options = config.virtio.clone();
+    if let Some(display) = display {
+        if options.inputs.is_empty() {
+            options.inputs = default_inputs(display);
+        }
+    }
+    options
+}
+
+/// Platform devices on the port bus, virtio devices on PCI.
+fn build_platform(core: &Core, virtio: &mut VirtioDevices) -> Result<Platform, Error> {
+    let memory = &core.memory;
+    let notifier = exit_notifier(core.control.clone(), core.events.clone());
+    let mut platform = Platform::new(memory.vm_fd(), notifier)?;
+    for device in std::mem::take(&mut virtio.devices) {
+        platform.attach_virtio(memory.vm_fd(), memory.ram(), device)?;
+    }
+    Ok(platform)
+}
+
+/// Creates and configures every vCPU before any runs: once the boot CPU
+/// runs, it may send INIT/SIPI to the others at any time, and their LAPIC
+/// and MSR setup must not land on top of that.
+fn create_vcpus(
+    config: &VmConfig,
+    core: &Core,
+    platform: &Platform,
+    start: &VcpuStart,
+    inspector: &Inspector,
+) -> Result<Vec<Vcpu>, Error> {
+    let memory = &core.memory;
     let cpuid_options = CpuidOptions {
         vcpu_count: config.vcpus,
         async_pf: config.async_pf,
     };
-    let supported_cpuid = kvm
+    let supported_cpuid = core
+        .kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(|e| Error::Kvm("KVM_GET_SUPPORTED_CPUID", e))?;
-    // Every vCPU is created and configured before any runs: once the boot
-    // CPU runs, it may send INIT/SIPI to the others at any time, and their
-    // LAPIC and MSR setup must not land on top of that.
     let mut vcpus = Vec::with_capacity(usize::from(config.vcpus));
     for index in 0..config.vcpus {
-        let fd = vm_fd
+        let fd = memory
+            .vm_fd()
             .create_vcpu(u64::from(index))
             .map_err(|e| Error::Kvm("KVM_CREATE_VCPU", e))?;
-        mmu.stats().add_vcpu(&fd);
+        core.mmu.stats().add_vcpu(&fd);
         let mut cpuid = supported_cpuid.clone();
         patch_cpuid(&mut cpuid, index, cpuid_options);
         fd.set_cpuid2(&cpuid)
             .map_err(|e| Error::Kvm("KVM_SET_CPUID2", e))?;
-        match (saved, &entry) {
-            (Some(saved), _) => {
-                let state = &saved.vcpus[usize::from(index)];
-                let refused = crate::snapshot::vcpu_state::restore_vcpu(&fd, state, xsave_size)?;
-                if !refused.is_empty() {
-                    let list: Vec<String> = refused.iter().map(|m| format!("{m:#x}")).collect();
-                    say!(
-                        "hakoniwa: vCPU {index}: KVM did not restore MSRs {}",
-                        list.join(", ")
-                    );
-                }
-            }
-            (None, Some(entry)) => {
-                arch::regs::setup_msrs(&fd)?;
-                arch::regs::setup_fpu(&fd)?;
-                arch::regs::setup_lint(&fd)?;
-                if index == 0 {
-                    arch::regs::setup_boot_cpu(&fd, &memory, entry.mode)?;
-                }
-            }
-            (None, None) => unreachable!("a VM either boots or restores"),
-        }
+        start.setup(index, &fd, memory)?;
         vcpus.push(Vcpu {
             index,
             fd,
             pio: platform.pio.clone(),
             mmio: platform.mmio.clone(),
-            control: control.clone(),
-            events: events.clone(),
+            control: core.control.clone(),
+            events: core.events.clone(),
             captures: inspector.captures(),
         });
     }
-    // Restored devices go on from here: every vCPU's LAPIC is back, so
-    // the interrupts they raise now reach the guest.
-    if saved.is_some() {
-        snapshot_restore::resume_devices(&platform)?;
+    Ok(vcpus)
+}
+
+/// The interactive console, unless the guest runs a command for us.
+fn start_console(
+    config: &VmConfig,
+    platform: &Platform,
+    events: &EventSender,
+) -> Result<Option<RawTerminal>, Error> {
+    if config.exec.is_some() {
+        return Ok(None);
     }
-    for vcpu in vcpus {
-        vm.vcpu_threads
-            .push(vcpu.spawn().map_err(|e| Error::Thread {
-                what: "vCPU",
+    let raw = RawTerminal::enable();
+    if raw.is_some() {
+        say!("hakoniwa: console on COM1; Ctrl-A x quits, Ctrl-A h for help");
+    }
+    spawn_input_thread(
+        platform.serial.clone(),
+        platform
+            .serial_input_space
+            .try_clone()
+            .map_err(|e| Error::Thread {
+                what: "console",
                 error: e,
-            })?);
-    }
-    let pauser = Arc::new(VcpuPauser::new(
-        control.clone(),
-        vm.vcpu_threads.iter().map(|t| t.as_pthread_t()).collect(),
-    ));
-    // A migrated-in VM runs from here: tell the source (postcopy: RAM
-    // keeps coming in the background and on demand).
-    if let Some(received) = &mut received {
-        received.started(pauser.clone())?;
-    }
+            })?,
+        events.clone(),
+    )
+    .map_err(|e| Error::Thread {
+        what: "console",
+        error: e,
+    })?;
+    Ok(raw)
+}
 
-    // Interactive console unless the guest runs a command for us.
-    let _raw_terminal = if config.exec.is_none() {
-        let raw = RawTerminal::enable();
-        if raw.is_some() {
-            say!("hakoniwa: console on COM1; Ctrl-A x quits, Ctrl-A h for help");
-        }
-        spawn_input_thread(
-            platform.serial.clone(),
-            platform.serial_input_space,
-            events.clone(),
-        )
-        .map_err(|e| Error::Thread {
-            what: "console",
-            error: e,
-        })?;
-        raw
-    } else {
-        None
-    };
-    signals::spawn_signal_thread(events.clone())?;
-
-    let snapshot_source = Arc::new(
+/// Puts the running VM's parts together: its description, snapshot and
+/// migration sources, and the handles the API acts through.
+fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
+    let Parts {
+        platform,
+        loaded,
+        framebuffer,
+        display,
+        balloon,
+        pauser,
+        inspector,
+    } = parts;
+    let memory = core.memory.clone();
+    // The MSRs a snapshot saves (docs/snapshot.md).
+    let msr_indices = core
+        .kvm
+        .get_msr_index_list()
+        .map_err(|e| Error::Kvm("KVM_GET_MSR_INDEX_LIST", e))?
+        .as_slice()
+        .to_vec();
+    let boot = loaded.boot;
+    let machine = snapshot_restore::machine_state(
+        config,
+        &platform.devices,
+        boot.protocol,
+        boot.kernel.clone(),
+        boot.cmdline.clone(),
+    );
+    let snapshot = Arc::new(
         SnapshotSource::new(
-            vm_fd.clone(),
             memory.clone(),
             platform.serial.clone(),
-            snapshot_restore::machine_state(
-                config,
-                &platform.devices,
-                boot_protocol,
-                kernel.clone(),
-                cmdline.clone(),
-            ),
+            machine,
             msr_indices,
-            snapshot_restore::unsupported(config),
         )
-        .with_virtio(platform.virtio.clone()),
+        .with_virtio(platform.virtio.clone())
+        .with_framebuffer(framebuffer),
     );
-    drop(restore);
-    let description = VmDescription {
-        vcpus: config.vcpus,
-        memory_bytes: config.memory_bytes,
-        kernel,
-        cmdline,
-        boot_protocol,
-        devices: platform.devices,
-    };
     let migrations = Arc::new(MigrationReports {
         source: Arc::new(MigrationSource::new(
-            vm_fd.clone(),
-            snapshot_source.clone(),
+            memory.clone(),
+            snapshot.clone(),
             pauser.clone(),
-            events.clone(),
+            core.events.clone(),
         )),
-        incoming: received.as_ref().map(|r| r.status()),
+        incoming: loaded.received.as_ref().map(|r| r.status()),
     });
     inspector.set_migrations(migrations.clone());
-    // Periodic metrics (--metrics): "mmu", "kvm" and "migration"; a device
-    // with figures of its own (the display: "display") adds its
-    // MetricsSource here.
-    let mut metrics_sources: Vec<Arc<dyn MetricsSource>> =
-        vec![mmu.clone(), mmu.shared_stats(), migrations.clone()];
-    if let Some(display) = &display {
-        metrics_sources.push(Arc::new(DisplayMetrics(display.control())));
-    }
-    let metrics = match (metrics_sink, &config.metrics) {
-        (Some(sink), Some(m)) => Some(MetricsWriter::start(sink, m.interval, metrics_sources)?),
-        _ => None,
-    };
-    let vm_control = Arc::new(
-        VmControl::new(
-            description,
-            control.clone(),
-            pauser,
-            events.clone(),
-            virtio_devices.balloon.clone(),
-        )
-        .with_mmu(mmu)
-        .with_display(display.as_ref().map(|d| d.control()))
-        .with_snapshot(snapshot_source)
-        .with_migration(migrations)
-        .with_inspector(inspector.clone()),
-    );
-    let _api_server = match &config.api_socket {
-        Some(path) => Some(crate::controller::start_api_server(
-            path,
-            vm_control.clone(),
-        )?),
-        None => None,
-    };
+    Ok(Vm {
+        description: VmDescription {
+            vcpus: config.vcpus,
+            memory_bytes: config.memory_bytes,
+            kernel: boot.kernel,
+            cmdline: boot.cmdline,
+            boot_protocol: boot.protocol,
+            devices: platform.devices,
+        },
+        memory,
+        run: core.control.clone(),
+        pauser,
+        events: core.events.clone(),
+        mmu: core.mmu.clone(),
+        display,
+        balloon,
+        snapshot,
+        migrations,
+        inspector,
+    })
+}
 
-    let event = ending
-        .recv()
-        .unwrap_or(VmmEvent::Error("event channel closed".into()));
+/// After the first ending event: stops the vCPUs, writes a failure report
+/// if one failed, the last metrics line, and says how hakoniwa ends.
+fn finish(
+    event: VmmEvent,
+    threads: &mut VcpuThreads,
+    control: &RunControl,
+    inspector: &Inspector,
+    metrics: Option<MetricsWriter>,
+    config: &VmConfig,
+) -> Result<Outcome, Error> {
     // A vCPU failed (triple fault, KVM internal error): the others read
     // their state as they stop, for the report.
     let failed = inspector.captures().has_failure();
     if failed {
         control.capture_on_stop();
     }
-    vm.stop();
+    threads.stop();
     if failed {
         let reason = match &event {
             VmmEvent::TripleFault => "the guest triple-faulted".to_string(),
@@ -408,19 +446,50 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     Ok(outcome(&event, config.exec.is_some()))
 }
 
-impl Vm {
+/// The running vCPU threads.
+struct VcpuThreads {
+    // Field order is drop order: threads first, then the memory (and the
+    // VM fd it holds) they run in.
+    threads: Vec<JoinHandle<()>>,
+    control: Arc<RunControl>,
+    _memory: Arc<MemoryManager>,
+}
+
+impl VcpuThreads {
+    fn spawn(vcpus: Vec<Vcpu>, core: &Core) -> Result<VcpuThreads, Error> {
+        install_kick_handler()?;
+        let mut threads = Vec::with_capacity(vcpus.len());
+        for vcpu in vcpus {
+            threads.push(vcpu.spawn().map_err(|e| Error::Thread {
+                what: "vCPU",
+                error: e,
+            })?);
+        }
+        Ok(VcpuThreads {
+            threads,
+            control: core.control.clone(),
+            _memory: core.memory.clone(),
+        })
+    }
+
+    fn pthreads(&self) -> Vec<libc::pthread_t> {
+        self.threads.iter().map(|t| t.as_pthread_t()).collect()
+    }
+}
+
+impl VcpuThreads {
     /// Stops every vCPU: asks them to stop, kicks them out of KVM_RUN
     /// until they have all left their loops, then joins them.
     fn stop(&mut self) {
         self.control.set(Desired::Stop);
         let deadline = Instant::now() + Duration::from_secs(5);
-        while self.vcpu_threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
-            for thread in self.vcpu_threads.iter().filter(|t| !t.is_finished()) {
+        while self.threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+            for thread in self.threads.iter().filter(|t| !t.is_finished()) {
                 kick(thread.as_pthread_t());
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        for thread in self.vcpu_threads.drain(..) {
+        for thread in self.threads.drain(..) {
             if thread.is_finished() {
                 let _ = thread.join();
             }
@@ -501,16 +570,17 @@ fn exit_notifier(control: Arc<RunControl>, events: EventSender) -> ExitNotifier 
 }
 
 /// The command line the guest gets: the user's (or the default), plus the
-/// command to run, base64-encoded so it survives the kernel's parser.
-pub fn guest_cmdline(config: &VmConfig) -> String {
-    match &config.exec {
-        Some(command) => format!(
-            "{} hk.cmd={}",
-            config.cmdline,
-            BASE64.encode(command.as_bytes())
-        ),
-        None => config.cmdline.clone(),
+/// command to run, base64-encoded so it survives the kernel's parser, and
+/// the framebuffer's layout when there is a display.
+pub fn guest_cmdline(config: &VmConfig, display: Option<&DisplayConfig>) -> String {
+    let mut cmdline = config.cmdline.clone();
+    if let Some(command) = &config.exec {
+        cmdline = format!("{cmdline} hk.cmd={}", BASE64.encode(command.as_bytes()));
     }
+    if let Some(display) = display {
+        cmdline = format!("{cmdline} {}", layout_cmdline_word(display));
+    }
+    cmdline
 }
 
 /// Refuses guests larger than the host's RAM.

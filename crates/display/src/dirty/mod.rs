@@ -23,7 +23,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use compare::CompareTracker;
-pub use dirtylog::{DirtyLogTracker, FramebufferSlot};
+pub use dirtylog::{DirtyLogTracker, FramebufferLog, FramebufferLogReader};
 pub use page_set::PageSet;
 pub use wp::WpTracker;
 
@@ -67,8 +67,8 @@ impl FromStr for DirtyMethod {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DirtyError {
-    #[error("{0} failed: {1}")]
-    Kvm(&'static str, kvm_ioctls::Error),
+    #[error("framebuffer dirty log: {0}")]
+    Log(String),
     #[error("userfaultfd write-protect is unavailable: {0} (it needs Linux 5.7+ with CAP_SYS_PTRACE or access to /dev/userfaultfd)")]
     UffdUnavailable(String),
     #[error("userfaultfd {0} failed: {1}")]

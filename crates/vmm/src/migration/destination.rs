@@ -287,6 +287,13 @@ fn check_machine(hello: &Hello, ours: &MachineState) -> Result<(), String> {
     if theirs.ram_regions != ours.ram_regions {
         return Err("the VM's RAM layout differs from this one's".into());
     }
+    if theirs.display != ours.display {
+        return Err(format!(
+            "the VM has {}, this one has {}",
+            crate::snapshot::restore::display_words(&theirs.display),
+            crate::snapshot::restore::display_words(&ours.display)
+        ));
+    }
     if theirs.devices != ours.devices {
         let names = |list: &[(String, String)]| {
             list.iter()

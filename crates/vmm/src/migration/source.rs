@@ -16,7 +16,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
 
 use super::dirty::RamDirtyLog;
@@ -29,7 +28,7 @@ use super::protocol::{
 use super::status::{MigrationStatus, Phase, Round, SharedStatus};
 use super::{unix_now_ns, Hello, MigrationError, MigrationMode};
 use crate::event::{EventSender, VmmEvent};
-use crate::memory::GuestMemoryMmap;
+use crate::memory::MemoryManager;
 use crate::snapshot::state::VmSnapshot;
 use crate::snapshot::{SnapshotSource, HAKONIWA_VERSION};
 use crate::vcpu::RunControl;
@@ -89,8 +88,7 @@ pub trait VmPauser: Send + Sync {
 
 /// A running VM's side of migrations: starts them and reports on them.
 pub struct MigrationSource {
-    vm_fd: Arc<VmFd>,
-    memory: GuestMemoryMmap,
+    memory: Arc<MemoryManager>,
     snapshot: Arc<SnapshotSource>,
     pauser: Arc<dyn VmPauser>,
     events: EventSender,
@@ -102,14 +100,13 @@ pub struct MigrationSource {
 
 impl MigrationSource {
     pub fn new(
-        vm_fd: Arc<VmFd>,
+        memory: Arc<MemoryManager>,
         snapshot: Arc<SnapshotSource>,
         pauser: Arc<dyn VmPauser>,
         events: EventSender,
     ) -> MigrationSource {
         MigrationSource {
-            vm_fd,
-            memory: snapshot.memory().clone(),
+            memory,
             snapshot,
             pauser,
             events,
@@ -118,8 +115,7 @@ impl MigrationSource {
         }
     }
 
-    /// Starts a migration on its own thread; refuses while one runs or
-    /// when the VM has state a migration cannot carry.
+    /// Starts a migration on its own thread; refuses while one runs.
     pub fn start(&self, request: MigrationRequest) -> Result<(), MigrationError> {
         if request.resume {
             let waiting = self.resume.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -132,7 +128,6 @@ impl MigrationSource {
                 )),
             };
         }
-        self.snapshot.check_supported()?;
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(status) = current.as_ref() {
             let s = status.get();
@@ -144,7 +139,7 @@ impl MigrationSource {
                 )));
             }
         }
-        let layout = RamLayout::new(&self.memory);
+        let layout = RamLayout::new(self.memory.ram());
         let status = Arc::new(SharedStatus::new(MigrationStatus::new(
             "source",
             request.mode,
@@ -154,7 +149,7 @@ impl MigrationSource {
         status.update(|s| s.verify_pages = request.verify_pages);
         *current = Some(status.clone());
         let job = SourceJob {
-            vm_fd: self.vm_fd.clone(),
+            memory: self.memory.clone(),
             layout,
             snapshot: self.snapshot.clone(),
             pauser: self.pauser.clone(),
@@ -201,7 +196,7 @@ pub struct StateEnvelope {
 
 /// One migration, on its thread.
 struct SourceJob {
-    vm_fd: Arc<VmFd>,
+    memory: Arc<MemoryManager>,
     layout: RamLayout,
     snapshot: Arc<SnapshotSource>,
     pauser: Arc<dyn VmPauser>,
@@ -274,10 +269,7 @@ impl SourceJob {
         let log = if postcopy {
             None
         } else {
-            Some(RamDirtyLog::start(
-                self.vm_fd.clone(),
-                self.snapshot.memory().clone(),
-            )?)
+            Some(RamDirtyLog::start(&self.memory)?)
         };
         if let Some(log) = &log {
             postcopy = self.precopy_rounds(log, &mut out, &sent, &dirty)?;

@@ -49,8 +49,6 @@ pub enum SnapshotError {
     Corrupt { path: PathBuf, what: String },
     #[error("snapshot {} does not match this VM: {what}", path.display())]
     Mismatch { path: PathBuf, what: String },
-    #[error("snapshot of {what} is not supported yet ({flags})")]
-    Unsupported { what: String, flags: String },
     #[error("{0} failed: {1}")]
     Kvm(&'static str, kvm_ioctls::Error),
     #[error("vCPU {index}: {what} failed: {error}")]

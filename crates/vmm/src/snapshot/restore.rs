@@ -11,18 +11,9 @@ use super::SnapshotError;
 use crate::boot::BootProtocol;
 use crate::config::{format_size, VmConfig};
 use crate::controller::DeviceDescription;
+use crate::display::Framebuffer;
 use crate::platform::Platform;
-
-/// What a VM built from `config` has that a snapshot cannot hold yet:
-/// (what, the flags that add it). Every virtio device is saved; the
-/// display is not (its framebuffer has a memory slot of its own, outside
-/// guest RAM).
-pub fn unsupported(config: &VmConfig) -> Option<(String, String)> {
-    config
-        .display
-        .is_some()
-        .then(|| ("a display".into(), "--display".into()))
-}
+use display::DisplayConfig;
 
 /// Puts the virtio devices' state back into a freshly built VM, before any
 /// vCPU exists; the devices stay paused until [`resume_devices`], once the
@@ -50,9 +41,6 @@ pub fn resume_devices(platform: &Platform) -> Result<(), crate::Error> {
 /// Opens the snapshot `path` for a VM built from `config` and checks that
 /// the two agree: no KVM work, so a bad file or flag fails first.
 pub fn open_for(config: &VmConfig, path: &Path) -> Result<SnapshotReader, SnapshotError> {
-    if let Some((what, flags)) = unsupported(config) {
-        return Err(SnapshotError::Unsupported { what, flags });
-    }
     let reader = SnapshotReader::open(path)?;
     let machine = &reader.snapshot.machine;
     let mismatch = |what: String| SnapshotError::Mismatch {
@@ -70,6 +58,14 @@ pub fn open_for(config: &VmConfig, path: &Path) -> Result<SnapshotReader, Snapsh
         return Err(mismatch(format!(
             "it has {} vCPUs, --cpus is {}",
             machine.vcpus, config.vcpus
+        )));
+    }
+    let display = display_of(config);
+    if machine.display != display {
+        return Err(mismatch(format!(
+            "it has {}, --display gives {}",
+            display_words(&machine.display),
+            display_words(&display)
         )));
     }
     let indices_ok = reader.snapshot.vcpus.len() == usize::from(machine.vcpus)
@@ -97,6 +93,7 @@ pub fn machine_state(
     cmdline: String,
 ) -> MachineState {
     MachineState {
+        display: display_of(config),
         memory_bytes: config.memory_bytes,
         vcpus: config.vcpus,
         ram_regions: arch::layout::ram_regions(config.memory_bytes),
@@ -104,6 +101,22 @@ pub fn machine_state(
         boot_protocol: boot_protocol.name().into(),
         kernel,
         cmdline,
+    }
+}
+
+/// The display's geometry words, as a snapshot records them.
+fn display_of(config: &VmConfig) -> Option<String> {
+    let text = config.display.as_deref()?;
+    DisplayConfig::parse(text)
+        .ok()
+        .map(|c| Framebuffer::describe(&c))
+}
+
+/// How an error message names a VM's display (or its absence).
+pub fn display_words(display: &Option<String>) -> String {
+    match display {
+        Some(g) => format!("a {g} display"),
+        None => "no display".into(),
     }
 }
 
@@ -145,6 +158,7 @@ pub fn check_devices(
 pub fn apply_vm_state(
     vm_fd: &VmFd,
     platform: &Platform,
+    framebuffer: Option<&Framebuffer>,
     snapshot: &VmSnapshot,
 ) -> Result<(), crate::Error> {
     super::vm_state::restore_vm(vm_fd, &snapshot.vm)?;
@@ -156,6 +170,15 @@ pub fn apply_vm_state(
         .restore(&com1)
         .map_err(|e| crate::Error::Device("com1".into(), e))?;
     restore_virtio(platform, snapshot)?;
+    if let Some(framebuffer) = framebuffer {
+        let state =
+            snapshot.devices.display.as_ref().ok_or_else(|| {
+                SnapshotError::Invalid("the saved VM has no display state".into())
+            })?;
+        framebuffer
+            .restore(state)
+            .map_err(|e| crate::Error::Device("--display".into(), e))?;
+    }
     Ok(())
 }
 

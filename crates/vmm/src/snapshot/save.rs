@@ -8,14 +8,14 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use devices::legacy::Serial;
-use kvm_ioctls::VmFd;
 
 use super::file::write_snapshot;
 use super::state::{DeviceStates, MachineState, VmSnapshot};
 use super::vcpu_state::save_vcpu;
 use super::vm_state::save_vm;
 use super::SnapshotError;
-use crate::memory::GuestMemoryMmap;
+use crate::display::Framebuffer;
+use crate::memory::{GuestMemoryMmap, MemoryManager};
 use crate::platform::VirtioFunctions;
 use crate::vcpu::{RunControl, Vcpu};
 
@@ -24,39 +24,33 @@ const VCPU_SAVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a running VM keeps so the API can snapshot it.
 pub struct SnapshotSource {
-    vm_fd: Arc<VmFd>,
-    memory: GuestMemoryMmap,
+    memory: Arc<MemoryManager>,
     serial: Arc<Mutex<Serial>>,
     machine: MachineState,
     msr_indices: Arc<Vec<u32>>,
     /// The virtio functions, paused by `collect` until `resume_devices`.
     virtio: Option<VirtioFunctions>,
-    /// Set when the VM has state this version cannot save: (what, flags).
-    unsupported: Option<(String, String)>,
+    /// The display's framebuffer, whose pixels are saved with the devices.
+    framebuffer: Option<Arc<Framebuffer>>,
     /// One snapshot at a time.
     busy: Mutex<()>,
 }
 
 impl SnapshotSource {
-    /// `msr_indices` is KVM_GET_MSR_INDEX_LIST; `unsupported` names what
-    /// the VM has that a snapshot cannot hold yet (see
-    /// [`super::restore::unsupported`]).
+    /// `msr_indices` is KVM_GET_MSR_INDEX_LIST.
     pub fn new(
-        vm_fd: Arc<VmFd>,
-        memory: GuestMemoryMmap,
+        memory: Arc<MemoryManager>,
         serial: Arc<Mutex<Serial>>,
         machine: MachineState,
         msr_indices: Vec<u32>,
-        unsupported: Option<(String, String)>,
     ) -> Self {
         SnapshotSource {
-            vm_fd,
             memory,
             serial,
             machine,
             msr_indices: Arc::new(msr_indices),
             virtio: None,
-            unsupported,
+            framebuffer: None,
             busy: Mutex::new(()),
         }
     }
@@ -69,15 +63,10 @@ impl SnapshotSource {
         self
     }
 
-    /// Refuses VMs whose state a snapshot cannot hold yet.
-    pub fn check_supported(&self) -> Result<(), SnapshotError> {
-        match &self.unsupported {
-            Some((what, flags)) => Err(SnapshotError::Unsupported {
-                what: what.clone(),
-                flags: flags.clone(),
-            }),
-            None => Ok(()),
-        }
+    /// Saves (and restores) the display's pixels too.
+    pub fn with_framebuffer(mut self, framebuffer: Option<Arc<Framebuffer>>) -> Self {
+        self.framebuffer = framebuffer;
+        self
     }
 
     /// Saves the VM to `path`; every vCPU must be parked (paused) and stay
@@ -87,7 +76,7 @@ impl SnapshotSource {
     pub fn save(&self, path: &Path, control: &RunControl) -> Result<u64, SnapshotError> {
         let _busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         let snapshot = self.collect(control)?;
-        let written = write_snapshot(path, &snapshot, &self.memory);
+        let written = write_snapshot(path, &snapshot, self.memory.ram());
         let resumed = self.resume_devices();
         let size = written?;
         resumed?;
@@ -110,7 +99,6 @@ impl SnapshotSource {
     /// interrupts, which must reach the LAPICs before the vCPUs' state is
     /// read.
     pub fn collect(&self, control: &RunControl) -> Result<VmSnapshot, SnapshotError> {
-        self.check_supported()?;
         let virtio = match &self.virtio {
             Some(functions) => functions.pause_and_save()?,
             None => Default::default(),
@@ -158,7 +146,7 @@ impl SnapshotSource {
             })??;
             vcpus.push(state);
         }
-        let vm = save_vm(&self.vm_fd)?;
+        let vm = save_vm(self.memory.vm_fd())?;
         let com1 = self
             .serial
             .lock()
@@ -169,7 +157,11 @@ impl SnapshotSource {
             machine: self.machine.clone(),
             vm,
             vcpus,
-            devices: DeviceStates { com1, virtio },
+            devices: DeviceStates {
+                com1,
+                virtio,
+                display: self.framebuffer.as_ref().map(|fb| fb.save()),
+            },
         })
     }
 
@@ -181,6 +173,6 @@ impl SnapshotSource {
 
     /// Guest RAM.
     pub fn memory(&self) -> &GuestMemoryMmap {
-        &self.memory
+        self.memory.ram()
     }
 }

@@ -40,6 +40,9 @@ pub struct MachineState {
     /// The kernel and command line it was booted with, for `vm.info`.
     pub kernel: String,
     pub cmdline: String,
+    /// The display's geometry ("1024x768 tiled"), if it has one.
+    #[serde(default)]
+    pub display: Option<String>,
 }
 
 /// The in-kernel irqchip, PIT and kvm-clock.
@@ -94,6 +97,17 @@ pub struct DeviceStates {
     /// configuration, MSI-X, transport registers, queue positions and the
     /// device's own state.
     pub virtio: BTreeMap<String, VirtioPciState>,
+    /// The display's framebuffer, if the VM has a display.
+    #[serde(default)]
+    pub display: Option<FramebufferState>,
+}
+
+/// The pixels of the display's framebuffer: its memory is a slot of its
+/// own, outside RAM, so it travels with the devices.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FramebufferState {
+    /// The framebuffer's bytes (every mapped page), base64.
+    pub pixels: String,
 }
 
 /// vm-superio's `SerialState`, in a form serde can write.
