@@ -165,13 +165,13 @@ fn a_memory_size_mismatch_is_refused() {
 }
 
 #[test]
-fn a_display_is_refused() {
+fn a_display_the_snapshot_does_not_have_is_refused() {
     let path = write("display.snap", &snapshot_bytes(2, 2));
     expect_refusal(
         &path,
         "2M",
-        &["--display", "vnc=127.0.0.1:0"],
-        "snapshot of a display is not supported yet (--display)",
+        &["--display", "vnc=127.0.0.1:0,width=640,height=480"],
+        "does not match this VM: it has no display, --display gives a 640x480 linear display",
     );
 }
 

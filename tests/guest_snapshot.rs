@@ -26,17 +26,6 @@ fn ticks(console: &str) -> Vec<u64> {
         .collect()
 }
 
-/// The metadata section of a snapshot file, as JSON (docs/snapshot.md).
-fn metadata(path: &str) -> serde_json::Value {
-    let bytes = std::fs::read(path).unwrap();
-    assert_eq!(&bytes[..8], b"HKNWSNAP");
-    let version_len = u16::from_le_bytes([bytes[12], bytes[13]]) as usize;
-    let section = 14 + version_len + 4;
-    assert_eq!(&bytes[section..section + 4], b"META");
-    let len = u64::from_le_bytes(bytes[section + 4..section + 12].try_into().unwrap()) as usize;
-    serde_json::from_slice(&bytes[section + 16..section + 16 + len]).unwrap()
-}
-
 /// Waits until the console shows a tick of at least `at_least`.
 fn wait_for_tick(vmm: &Vmm, at_least: u64) -> Vec<u64> {
     let deadline = Instant::now() + GUEST_TIMEOUT;
@@ -85,7 +74,7 @@ fn a_restored_guest_keeps_counting() {
     );
     assert!(out.contains("snapshot written"), "{out}");
     // Every vCPU, with the TSC and kvm-clock MSRs among its MSRs.
-    let meta = metadata(&snapshot);
+    let meta = common::snapshot_metadata(&snapshot);
     assert_eq!(meta["vcpus"].as_array().unwrap().len(), 2);
     for vcpu in meta["vcpus"].as_array().unwrap() {
         let msrs: Vec<u64> = vcpu["msrs"]
@@ -301,7 +290,7 @@ fn a_restored_guest_keeps_its_virtio_devices() {
         "snapshot failed: {out}\n--- stderr ---\n{}",
         vmm.stderr()
     );
-    let meta = metadata(&snapshot);
+    let meta = common::snapshot_metadata(&snapshot);
     let virtio = meta["devices"]["virtio"].as_object().unwrap();
     let mut ids: Vec<&str> = virtio.keys().map(String::as_str).collect();
     ids.sort();
@@ -390,31 +379,4 @@ fn a_restored_guest_keeps_its_virtio_devices() {
     let _ = std::fs::remove_file(&snapshot);
     let _ = std::fs::remove_file(&image);
     let _ = std::fs::remove_file(format!("{uds}_5000"));
-}
-
-#[test]
-#[ignore = "boots a real guest: run through the rig (scripts/test)"]
-fn a_vm_with_a_display_is_not_snapshotted() {
-    require_hardware_kvm();
-    let socket = temp_socket("snapshot-display");
-    let mut vmm = Vmm::spawn(&[
-        "run",
-        "--display",
-        "vnc=127.0.0.1:5977",
-        "--api-socket",
-        &socket,
-    ]);
-    vmm.wait_for(PROMPT);
-    let path = std::env::temp_dir().join(format!("hakoniwa-display-{}.snap", std::process::id()));
-    let (ok, out) = common::ctl(&socket, &["snapshot", "--path", path.to_str().unwrap()]);
-    assert!(!ok, "{out}");
-    assert!(
-        out.contains("snapshot of a display is not supported yet (--display)"),
-        "{out}"
-    );
-    assert_eq!(out.trim().lines().count(), 1, "{out}");
-    assert!(!path.exists());
-    // The VM was not paused by the refusal.
-    vmm.send("echo still-$((1+1))\n");
-    vmm.wait_for("still-2");
 }
