@@ -42,8 +42,10 @@ struct RunArgs {
     /// Number of vCPUs.
     #[arg(long, value_name = "N", default_value_t = 1)]
     cpus: u32,
-    /// Guest RAM: 512M, 2G, ... (a bare number is MiB).
-    #[arg(long, value_name = "SIZE", default_value = "512M")]
+    /// Guest RAM: 512M, 2G, ... (a bare number is MiB), or with how the host
+    /// backs it (docs/running.md):
+    /// size=2G[,hugepages=on|off][,thp=on|off][,prefault=on|off][,shared=on|off]
+    #[arg(long, value_name = "SIZE|OPTIONS", default_value = "512M")]
     memory: String,
     /// Run COMMAND in the default guest instead of a shell, print its
     /// output and exit with its exit status.
@@ -304,7 +306,9 @@ fn run(args: RunArgs) -> Result<ExitCode, String> {
 }
 
 fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
-    let memory_bytes = parse_memory_size(&args.memory).map_err(|e| e.to_string())?;
+    let memory =
+        vmm::memory::backing::MemoryConfig::parse(&args.memory).map_err(|e| e.to_string())?;
+    let memory_bytes = memory.size;
     let vcpus = parse_vcpu_count(args.cpus).map_err(|e| e.to_string())?;
     let spt_budget = match &args.spt_pages {
         Some(text) => vmm::mmu::SptBudget::parse(text, memory_bytes)
@@ -350,6 +354,7 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
         cmdline: args.cmdline,
         vcpus,
         memory_bytes,
+        memory,
         exec: args.exec,
         api_socket: args.api_socket,
         async_pf: args.async_pf,

@@ -273,3 +273,102 @@ fn incoming_addresses_and_busy_ports_are_one_line_errors() {
         "not precopy, postcopy or hybrid",
     );
 }
+
+#[test]
+fn memory_backing_mistakes_are_one_line_errors() {
+    let kernel = fake_bzimage();
+    let kernel = kernel.to_str().unwrap();
+    for (memory, needle) in [
+        (
+            "size=256M,colour=red",
+            "--memory: unknown option 'colour' (known: size, hugepages, thp, prefault, shared)",
+        ),
+        (
+            "size=256M,thp=maybe",
+            "--memory: option thp=maybe: expected on or off",
+        ),
+        ("hugepages=on", "--memory hugepages=on: no size given"),
+        (
+            "size=255M,hugepages=on",
+            "the size must be a multiple of the 2 MiB huge page",
+        ),
+        ("size=lots,shared=on", "--memory: 'lots' is not a size"),
+    ] {
+        let (code, _) = expect_error(&["run", "--kernel", kernel, "--memory", memory], needle);
+        assert_eq!(code, 125, "{memory}");
+    }
+    // A migration destination fills RAM 4 KiB at a time through
+    // userfaultfd: no hugetlbfs, nothing populated in advance.
+    for (memory, needle) in [
+        (
+            "size=256M,hugepages=on",
+            "--memory hugepages=on cannot be used with --incoming",
+        ),
+        (
+            "size=256M,prefault=on",
+            "--memory prefault=on cannot be used with --incoming",
+        ),
+        (
+            "size=256M,shared=on",
+            "--memory shared=on cannot be used with --incoming",
+        ),
+    ] {
+        expect_error(
+            &[
+                "run",
+                "--kernel",
+                kernel,
+                "--memory",
+                memory,
+                "--incoming",
+                "tcp:127.0.0.1:0",
+            ],
+            needle,
+        );
+    }
+}
+
+/// More huge pages than the host has free: one line naming
+/// /proc/sys/vm/nr_hugepages and how many, before any VM is built.
+#[test]
+fn hugepages_beyond_the_hosts_pool() {
+    let sysfs = std::path::Path::new("/sys/kernel/mm/hugepages/hugepages-2048kB");
+    let read = |name: &str| -> u64 {
+        std::fs::read_to_string(sysfs.join(name))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let available = read("free_hugepages").saturating_sub(read("resv_hugepages"))
+        + read("nr_overcommit_hugepages").saturating_sub(read("surplus_hugepages"));
+    // One huge page more than there are, and at least what the fake
+    // kernel needs, so that nothing else is wrong.
+    let pages = (available + 1).max(64);
+    let memory = format!("size={}M,hugepages=on", pages * 2);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let host_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    if pages * 2048 > host_kib {
+        return; // the pool is most of the host: cannot ask for more
+    }
+    let kernel = fake_bzimage();
+    let needle = if sysfs.exists() {
+        format!("needs {pages} free 2 MiB huge pages and the host has {available}: set /proc/sys/vm/nr_hugepages to at least")
+    } else {
+        "the host kernel has no 2 MiB huge pages".to_string()
+    };
+    let (code, _) = expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--memory",
+            &memory,
+        ],
+        &needle,
+    );
+    assert_eq!(code, 125);
+}

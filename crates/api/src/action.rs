@@ -51,6 +51,8 @@ pub struct VmInfo {
     pub vcpus: u32,
     /// Guest RAM size in MiB.
     pub memory_mib: u64,
+    /// How guest RAM is backed on the host (`--memory size=..,hugepages=..`).
+    pub memory_backing: MemoryBacking,
     /// Path of the kernel image the VM was booted from.
     pub kernel: String,
     /// Kernel command line passed to the guest.
@@ -60,6 +62,29 @@ pub struct VmInfo {
     /// Emulated devices.
     #[serde(default)]
     pub devices: Vec<DeviceInfo>,
+}
+
+/// How guest RAM is backed on the host, as it applies (`--memory
+/// size=..,hugepages=on|off,thp=on|off,prefault=on|off,shared=on|off`): a
+/// host choice, which may differ between a migration's two ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryBacking {
+    /// Guest RAM size in MiB.
+    pub size_mib: u64,
+    /// Backed by 2 MiB hugetlbfs pages (`MAP_HUGETLB`).
+    pub hugepages: bool,
+    /// Transparent huge pages in effect: asked for (`madvise(MADV_HUGEPAGE)`)
+    /// and allowed by the host; `thp_note` says why not when they were
+    /// asked for but do not apply.
+    pub thp: bool,
+    /// Every page was populated when the VM started.
+    pub prefault: bool,
+    /// A shared mapping (`MAP_SHARED`), not private anonymous memory.
+    pub shared: bool,
+    /// Why transparent huge pages do not apply although `thp=on` was given
+    /// (a migration destination, the host's THP setting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thp_note: Option<String>,
 }
 
 /// Answer to `GET /api/v1/vmm.ping`: proves the VMM is alive and says which

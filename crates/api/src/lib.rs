@@ -52,8 +52,8 @@ use std::time::Duration;
 
 pub use action::{
     ApiAction, ApiError, ApiResponse, BalloonInfo, BalloonTarget, DeviceInfo, DirtyDetection,
-    DisplaySettings, DumpInfo, DumpRequest, ErrorBody, MigrateMode, MigrateRequest, MmuInfo,
-    MmuSettings, RefreshTrigger, SnapshotRequest, SptPages, VmController, VmInfo, VmState,
+    DisplaySettings, DumpInfo, DumpRequest, ErrorBody, MemoryBacking, MigrateMode, MigrateRequest,
+    MmuInfo, MmuSettings, RefreshTrigger, SnapshotRequest, SptPages, VmController, VmInfo, VmState,
     VmmVersion,
 };
 pub use client::{run_ctl, CtlCommand};

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use api::client::{self, CtlCommand};
 use api::{
-    ApiAction, ApiError, ApiResponse, ApiServer, DeviceInfo, Error, ErrorBody, ServerOptions,
-    VmController, VmInfo, VmState, VmmVersion,
+    ApiAction, ApiError, ApiResponse, ApiServer, DeviceInfo, Error, ErrorBody, MemoryBacking,
+    ServerOptions, VmController, VmInfo, VmState, VmmVersion,
 };
 
 /// Records every action; behaves like a VMM with a pause/resume state
@@ -40,6 +40,14 @@ fn sample_info(state: VmState) -> VmInfo {
         state,
         vcpus: 2,
         memory_mib: 512,
+        memory_backing: MemoryBacking {
+            size_mib: 512,
+            hugepages: false,
+            thp: false,
+            prefault: false,
+            shared: false,
+            thp_note: Some("the host's transparent huge pages are off (never)".into()),
+        },
         kernel: "/boot/vmlinuz-test".into(),
         cmdline: "console=ttyS0 reboot=k panic=1".into(),
         boot_protocol: "linux-boot".into(),
@@ -203,6 +211,8 @@ fn info_round_trips_as_json() {
     assert_eq!(v["state"], "running");
     assert_eq!(v["devices"][0]["type"], "serial");
     assert_eq!(v["memory_mib"], 512);
+    assert_eq!(v["memory_backing"]["size_mib"], 512);
+    assert_eq!(v["memory_backing"]["hugepages"], false);
 
     let printed = client::run_ctl(&h.path, &CtlCommand::Info).unwrap();
     assert!(printed.contains('\n'), "expected pretty JSON: {printed}");

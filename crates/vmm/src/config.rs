@@ -18,8 +18,11 @@ pub struct VmConfig {
     pub cmdline: String,
     /// Number of vCPUs.
     pub vcpus: u8,
-    /// Guest RAM in bytes.
+    /// Guest RAM in bytes (`memory.size`).
     pub memory_bytes: u64,
+    /// How guest RAM is backed on the host (`--memory size=..,hugepages=..`;
+    /// crate::memory::backing).
+    pub memory: crate::memory::backing::MemoryConfig,
     /// A shell command the default guest runs instead of a shell; the VM
     /// then ends with the command's exit status.
     pub exec: Option<String>,

@@ -63,6 +63,8 @@ impl DeviceDescription {
 pub struct VmDescription {
     pub vcpus: u8,
     pub memory_bytes: u64,
+    /// How guest RAM is backed, as it applies.
+    pub memory_backing: crate::memory::backing::Backing,
     pub kernel: String,
     pub cmdline: String,
     pub boot_protocol: BootProtocol,
@@ -314,6 +316,7 @@ impl VmControl {
             state: self.state(),
             vcpus: u32::from(d.vcpus),
             memory_mib: d.memory_bytes >> 20,
+            memory_backing: d.memory_backing.to_api(),
             kernel: d.kernel.clone(),
             cmdline: d.cmdline.clone(),
             boot_protocol: d.boot_protocol.name().into(),

@@ -102,6 +102,8 @@ pub enum Error {
     Api(String),
     #[error(transparent)]
     Arch(#[from] arch::Error),
+    #[error(transparent)]
+    MemoryBacking(#[from] memory::backing::BackingError),
     #[error("--spt-pages: {0}")]
     Mmu(#[from] mmu::MmuError),
     #[error(transparent)]

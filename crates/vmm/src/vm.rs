@@ -26,7 +26,8 @@ use crate::controller::{VcpuPauser, VmControl, VmDescription};
 use crate::display::{default_inputs, layout_cmdline_word, DisplayMetrics, Framebuffer};
 use crate::dump::Inspector;
 use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
-use crate::memory::{create_guest_memory, MemoryManager};
+use crate::memory::backing::{self, Backing};
+use crate::memory::MemoryManager;
 use crate::metrics::{MetricsSink, MetricsSource, MetricsWriter};
 use crate::migration::{MigrationReports, MigrationSource};
 use crate::mmu::{AgentListener, MmuControl, SptBudget};
@@ -149,6 +150,8 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
 /// The KVM VM and what every later step of the build needs.
 struct Core {
     kvm: Kvm,
+    /// How the host backs guest RAM, for `vm.info`.
+    backing: Backing,
     memory: Arc<MemoryManager>,
     control: Arc<RunControl>,
     events: EventSender,
@@ -159,13 +162,18 @@ struct Core {
 
 impl Core {
     fn create(config: &VmConfig, events: EventSender) -> Result<Core, Error> {
+        // A migration destination places 4 KiB pages through userfaultfd.
+        let incoming = config.incoming.is_some();
+        // The host's huge-page pool is checked before any KVM work.
+        let backing = backing::check_host(&config.memory, incoming)?;
         let kvm = Kvm::new().map_err(Error::OpenKvm)?;
         let vm_fd = Arc::new(create_vm(&kvm)?);
-        let ram = create_guest_memory(config.memory_bytes)?;
+        let ram = backing::guest_ram(&config.memory, incoming)?;
         let memory = MemoryManager::new(vm_fd.clone(), ram)?;
         let mmu = MmuControl::new(vm_fd, config.memory_bytes, config.spt_budget)?;
         Ok(Core {
             kvm,
+            backing,
             memory,
             control: Arc::new(RunControl::default()),
             events,
@@ -391,6 +399,7 @@ fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
         description: VmDescription {
             vcpus: config.vcpus,
             memory_bytes: config.memory_bytes,
+            memory_backing: core.backing.clone(),
             kernel: boot.kernel,
             cmdline: boot.cmdline,
             boot_protocol: boot.protocol,

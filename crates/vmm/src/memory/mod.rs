@@ -15,8 +15,12 @@
 //!   own writes (virtio devices filling guest buffers, which KVM never
 //!   sees) are ORed in from vm-memory's bitmap.
 //!
+//! - How the host backs RAM (`--memory size=..,hugepages=..,thp=..,
+//!   prefault=..,shared=..`) is `backing`.
+//!
 //! `kvm_userspace_memory_region` is written in this file only.
 
+pub mod backing;
 mod dirty_log;
 
 use std::sync::atomic::{AtomicU64, Ordering};
