@@ -21,6 +21,13 @@ and measure:
   guest time  (extra) the guest kernel's own printk timestamp of
               "Run /init as init process", read with dmesg over the console.
 
+hakoniwa runs twice over: with its default guest RAM (private memory,
+transparent huge pages asked for) and as "hakoniwa-hugepages" with
+`--memory size=..,hugepages=on` (2 MiB hugetlbfs pages). For the latter the
+host's pool is grown for the run by writing /proc/sys/vm/nr_hugepages (as
+root) and put back afterwards; when that cannot be done, its row says why
+instead of failing.
+
 Then the VMM gets SIGTERM (SIGKILL after 5 s). A run that does not reach the
 marker within --timeout seconds, or whose VMM dies first, is a failed run: it
 is reported and recorded, never silently dropped, and the script exits 1.
@@ -51,6 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E402
                              guest_manifest, placement, sha256_file)
 from lib.console import PipeReader  # noqa: E402
+from lib.hugepages import HugePages, pages_for  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
 from lib.tables import cell, md_table, text_table  # noqa: E402
 
@@ -64,7 +72,7 @@ GUEST_TIME_CMD = b"dmesg | sed -n 's/^\\[ *\\([0-9.]*\\)\\] Run \\/init .*/HKT=\
 GUEST_TIME_RE = re.compile(rb"HKT=([0-9]+\.[0-9]+)=")
 RIG_NOTE = ("inside L1 under TCG with nested KVM; absolute times mean little, "
             "compare ratios")
-DEFAULT_VMMS = ["hakoniwa", "qemu-microvm", "qemu-pc"]
+DEFAULT_VMMS = ["hakoniwa", "hakoniwa-hugepages", "qemu-microvm", "qemu-pc"]
 MICROVM_MACHINE = "microvm,isa-serial=on,rtc=on"
 MIB = 1024 * 1024
 
@@ -72,16 +80,25 @@ MIB = 1024 * 1024
 # ---------------------------------------------------------------- VMMs ----
 
 class Vmm:
-    def __init__(self, name, kind, machine=None, accel=None):
+    def __init__(self, name, kind, machine=None, accel=None, memory_options=None):
         self.name = name
         self.kind = kind          # "hakoniwa" or "qemu"
         self.machine = machine    # QEMU's -M argument
         self.accel = accel        # QEMU's -accel argument (default: -enable-kvm)
+        # hakoniwa's --memory options after the size (e.g. "hugepages=on").
+        self.memory_options = memory_options
+        self.skipped = None       # why it was not run, when it was not
+
+    def hugepages(self):
+        return "hugepages=on" in (self.memory_options or "")
 
     def argv(self, args, kernel, initrd):
         if self.kind == "hakoniwa":
+            memory = "%dM" % args.memory_mib
+            if self.memory_options:
+                memory = "size=%s,%s" % (memory, self.memory_options)
             return [args.hakoniwa, "run", "--kernel", kernel, "--initramfs", initrd,
-                    "--cmdline", CMDLINE, "--cpus", "1", "--memory", "%dM" % args.memory_mib]
+                    "--cmdline", CMDLINE, "--cpus", "1", "--memory", memory]
         return qemu_argv(args.qemu, kernel, initrd, CMDLINE, args.memory_mib,
                          machine=self.machine, accel=self.accel, extra=["-no-reboot"])
 
@@ -91,6 +108,8 @@ def parse_vmms(items, microvm_machine):
     for item in items:
         if item == "hakoniwa":
             vmms.append(Vmm("hakoniwa", "hakoniwa"))
+        elif item == "hakoniwa-hugepages":
+            vmms.append(Vmm("hakoniwa-hugepages", "hakoniwa", memory_options="hugepages=on"))
         elif item == "qemu-microvm":
             vmms.append(Vmm("qemu-microvm", "qemu", microvm_machine))
         elif item == "qemu-pc":
@@ -99,8 +118,8 @@ def parse_vmms(items, microvm_machine):
             machine = item[len("qemu:"):]
             vmms.append(Vmm("qemu(%s)" % machine, "qemu", machine))
         else:
-            sys.exit("boot.py: unknown VMM %r (hakoniwa, qemu-microvm, qemu-pc, "
-                     "qemu:MACHINE)" % item)
+            sys.exit("boot.py: unknown VMM %r (hakoniwa, hakoniwa-hugepages, qemu-microvm, "
+                     "qemu-pc, qemu:MACHINE)" % item)
     if len({v.name for v in vmms}) != len(vmms):
         sys.exit("boot.py: a VMM is listed twice")
     return vmms
@@ -171,6 +190,19 @@ def is_plain_anon(m):
     return m["inode"] == 0 and (m["path"] == "" or m["path"].startswith("[anon:"))
 
 
+def is_anon_ram(m):
+    """Anonymous memory that may be guest RAM: plain, or hugetlbfs pages
+    mapped with MAP_ANONYMOUS|MAP_HUGETLB ("/anon_hugepage (deleted)")."""
+    return is_plain_anon(m) or m["path"].startswith("/anon_hugepage")
+
+
+def rss_kib(m):
+    """A mapping's resident KiB, hugetlbfs pages included (smaps counts them
+    apart from Rss)."""
+    k = m["kib"]
+    return k.get("Rss", 0) + k.get("Private_Hugetlb", 0) + k.get("Shared_Hugetlb", 0)
+
+
 def measure_rss(pid, memory_bytes, exe):
     """RSS of PID split into guest RAM and the rest (KiB)."""
     maps = read_smaps(pid)
@@ -184,17 +216,17 @@ def measure_rss(pid, memory_bytes, exe):
     def fits(size):
         return memory_bytes - slack <= size <= memory_bytes + slack
 
-    candidates = [[m] for m in maps if is_plain_anon(m) and fits(m["end"] - m["start"])]
+    candidates = [[m] for m in maps if is_anon_ram(m) and fits(m["end"] - m["start"])]
     if not candidates:
         runs = []
         for m in maps:
-            if (is_plain_anon(m) and runs and is_plain_anon(runs[-1][-1])
+            if (is_anon_ram(m) and runs and is_anon_ram(runs[-1][-1])
                     and runs[-1][-1]["end"] == m["start"]):
                 runs[-1].append(m)
             else:
                 runs.append([m])
         candidates = [r for r in runs
-                      if is_plain_anon(r[0]) and fits(r[-1]["end"] - r[0]["start"])]
+                      if is_anon_ram(r[0]) and fits(r[-1]["end"] - r[0]["start"])]
     guest = set()
     guest_maps = []
     for run in candidates:
@@ -203,12 +235,12 @@ def measure_rss(pid, memory_bytes, exe):
             "range": "%x-%x" % (run[0]["start"], run[-1]["end"]),
             "size_mib": (run[-1]["end"] - run[0]["start"]) / MIB,
             "vmas": len(run),
-            "rss_kib": sum(m["kib"].get("Rss", 0) for m in run),
+            "rss_kib": sum(rss_kib(m) for m in run),
         })
     total = guest_rss = pss_rest = 0
     cats = {}
     for m in maps:
-        rss = m["kib"].get("Rss", 0)
+        rss = rss_kib(m)
         total += rss
         if id(m) in guest:
             guest_rss += rss
@@ -393,6 +425,8 @@ def summarize(vmms, runs):
         mine = [r for r in runs if r["vmm"] == v.name and not r["warmup"]]
         ok = [r for r in mine if r["ok"]]
         s = {"runs": len(mine), "ok": len(ok), "failed": len(mine) - len(ok)}
+        if v.skipped:
+            s["skipped"] = v.skipped
         for key in ("boot_s", "prompt_s", "guest_init_s", "rss_excl_guest_kib",
                     "rss_total_kib", "guest_ram_rss_kib", "pss_excl_guest_kib"):
             vals = [r[key] for r in ok if r.get(key) is not None]
@@ -447,7 +481,9 @@ def tables(vmms, summary, ratios):
              "total RSS, MiB", "guest kernel t(/init), s"]]
     for v in vmms:
         s = summary[v.name]
-        main.append([v.name, "%d/%d" % (s["ok"], s["runs"]), fmt_s(s.get("boot_s")),
+        runs = "not run: %s" % s["skipped"] if s.get("skipped") else "%d/%d" % (s["ok"],
+                                                                                 s["runs"])
+        main.append([v.name, runs, fmt_s(s.get("boot_s")),
                      fmt_mib(s.get("rss_excl_guest_kib")), fmt_mib(s.get("rss_total_kib")),
                      fmt_s(s.get("guest_init_s"))])
     rat = [["hakoniwa / QEMU", "boot time", "RSS excl. guest RAM", "total RSS",
@@ -504,6 +540,14 @@ def write_markdown(path, result, vmms):
              "within max(16 MiB, 2%%) (each VMM here maps it in one piece; the matched "
              "mappings are listed per run in boot.json, with total RSS and the excluded "
              "guest-RAM RSS)." % result["settle_s"])
+    L.append("- **hakoniwa-hugepages**: hakoniwa with `--memory size=%dM,hugepages=on`: "
+             "guest RAM on 2 MiB hugetlbfs pages, reserved when hakoniwa maps it (the "
+             "host's pool grown for the run through /proc/sys/vm/nr_hugepages and put back "
+             "after; see `hugepages` under Environment). RSS counts hugetlbfs pages "
+             "(smaps' `Private_Hugetlb`) as resident. The plain `hakoniwa` row uses the "
+             "default backing: private memory with transparent huge pages asked for "
+             "(`madvise`), which apply where the host's THP setting allows (not in the "
+             "rig, whose THP is `never`)." % env["memory_mib"])
     L.append("- **guest kernel t(/init)**: the guest kernel's printk timestamp of "
              "`Run /init as init process`, read with dmesg over the console: guest-side "
              "time, which leaves out the VMM's own start-up and firmware.")
@@ -562,6 +606,25 @@ def write_markdown(path, result, vmms):
         f.write("\n".join(L))
 
 
+def run_and_report(args, v, kernel, initrd, rnd, warm, runs):
+    """One run of V in round RND, appended to RUNS and printed."""
+    r = one_run(args, v, kernel, initrd, rnd - args.warmup, warmup=warm)
+    runs.append(r)
+    label = "warm-up" if warm else "run %d/%d" % (rnd - args.warmup + 1, args.runs)
+    if r["ok"]:
+        print("%-8s %-18s boot %7.3f s  prompt %s  guest t(/init) %s  "
+              "RSS excl. guest %7.1f MiB (total %.1f, guest RAM %.1f)" % (
+                  label, v.name, r["boot_s"],
+                  "%7.3f s" % r["prompt_s"] if r.get("prompt_s") else "-",
+                  "%.3f s" % r["guest_init_s"] if r.get("guest_init_s") else "-",
+                  r["rss_excl_guest_kib"] / 1024, r["rss_total_kib"] / 1024,
+                  r["guest_ram_rss_kib"] / 1024), flush=True)
+    else:
+        print("%-8s %-18s FAILED: %s" % (label, v.name, r["error"]), flush=True)
+        print("  console tail: %r" % r["console_tail"][-400:], flush=True)
+        print("  stderr tail: %r" % r["stderr_tail"][-400:], flush=True)
+
+
 # ---------------------------------------------------------------- main ----
 
 def main():
@@ -616,25 +679,24 @@ def main():
     initrd = shutil.copy(args.initramfs, os.path.join(stage, os.path.basename(args.initramfs)))
 
     runs = []
+    # Huge pages for the hugepages=on rows: one guest at a time, so one
+    # guest's worth, reserved for the whole run and given back after it.
+    hugepages = [v for v in vmms if v.hugepages()]
     try:
-        for rnd in range(args.warmup + args.runs):
-            warm = rnd < args.warmup
-            for v in vmms:
-                r = one_run(args, v, kernel, initrd, rnd - args.warmup, warmup=warm)
-                runs.append(r)
-                label = "warm-up" if warm else "run %d/%d" % (rnd - args.warmup + 1, args.runs)
-                if r["ok"]:
-                    print("%-8s %-14s boot %7.3f s  prompt %s  guest t(/init) %s  "
-                          "RSS excl. guest %7.1f MiB (total %.1f, guest RAM %.1f)" % (
-                              label, v.name, r["boot_s"],
-                              "%7.3f s" % r["prompt_s"] if r.get("prompt_s") else "-",
-                              "%.3f s" % r["guest_init_s"] if r.get("guest_init_s") else "-",
-                              r["rss_excl_guest_kib"] / 1024, r["rss_total_kib"] / 1024,
-                              r["guest_ram_rss_kib"] / 1024), flush=True)
-                else:
-                    print("%-8s %-14s FAILED: %s" % (label, v.name, r["error"]), flush=True)
-                    print("  console tail: %r" % r["console_tail"][-400:], flush=True)
-                    print("  stderr tail: %r" % r["stderr_tail"][-400:], flush=True)
+        with HugePages(pages_for(args.memory_mib) if hugepages else 0) as pool:
+            if hugepages:
+                env["hugepages"] = pool.record()
+                if not pool.ok:
+                    print("huge pages: %s; %s not run" % (
+                        pool.note, ", ".join(v.name for v in hugepages)), flush=True)
+                    for v in hugepages:
+                        v.skipped = pool.note
+            for rnd in range(args.warmup + args.runs):
+                warm = rnd < args.warmup
+                for v in vmms:
+                    if v.skipped:
+                        continue
+                    run_and_report(args, v, kernel, initrd, rnd, warm, runs)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 

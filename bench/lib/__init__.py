@@ -2,7 +2,7 @@
 only): the guest console and shell (console), VMM processes (vmm),
 hakoniwa's control API and a source/destination pair (hakoniwa), QEMU's
 argv and QMP (qemu), KVM's trace events and where a stuck VM is
-(kvmtrace), the results' environment section (environment) and tables
-(tables).
+(kvmtrace), the host's huge page pool (hugepages), the results'
+environment section (environment) and tables (tables).
 
 The scripts put bench/ on sys.path and import `lib.console` and so on."""
