@@ -10,6 +10,8 @@
 //! - [`history`]: how and when each page arrived on the destination, and
 //!   the source's page checksums (`--verify-pages`);
 //! - [`source`]: `ctl migrate`: rounds, the switch-over, serving postcopy;
+//! - [`switchover`]: after each precopy round, another round, stop and
+//!   copy, or (hybrid) postcopy: a pure policy per mode;
 //! - [`destination`]: `run --incoming`: taking pages and state in;
 //! - [`postcopy`]: the destination's userfaultfd fault handler and page
 //!   placement;
@@ -23,6 +25,7 @@ pub mod postcopy;
 pub mod protocol;
 pub mod source;
 pub mod status;
+pub mod switchover;
 
 use serde::{Deserialize, Serialize};
 

@@ -26,6 +26,7 @@ use super::protocol::{
     PROTOCOL_VERSION,
 };
 use super::status::{MigrationStatus, Phase, Round, SharedStatus};
+use super::switchover::{self, Decision, RoundFigures};
 use super::{unix_now_ns, Hello, MigrationError, MigrationMode};
 use crate::event::{EventSender, VmmEvent};
 use crate::memory::MemoryManager;
@@ -486,7 +487,7 @@ impl SourceJob {
         dirty: &PageBitmap,
     ) -> Result<bool, MigrationError> {
         self.status.update(|s| s.phase = Phase::Precopy);
-        let max_downtime = self.request.max_downtime_ms as f64 / 1000.0;
+        let mut policy = switchover::for_mode(self.request.mode);
         // Round 0: everything.
         dirty.set_all();
         let mut round = 0u32;
@@ -520,42 +521,28 @@ impl SourceJob {
                     predicted_downtime_ms: predicted * 1000.0,
                 });
             });
-            if predicted <= max_downtime {
-                return Ok(false);
-            }
-            let dirty_bytes_rate = dirty_rate * PAGE_SIZE as f64;
-            if self.request.mode == MigrationMode::Hybrid && round >= 2 {
-                // Each round shrinks the rest by about rate/bandwidth; at
-                // or above 0.8 it will not get under the limit in time.
-                let ratio = dirty_bytes_rate / bandwidth.max(1.0);
-                if ratio >= 0.8 {
-                    let reason = format!(
-                        "round {round}: the guest dirties {:.1} MiB/s against {:.1} MiB/s sent (ratio {ratio:.2}); {} pages left would take {:.0} ms, over the {} ms limit",
-                        dirty_bytes_rate / (1 << 20) as f64,
-                        bandwidth / (1 << 20) as f64,
-                        remaining,
-                        predicted * 1000.0,
-                        self.request.max_downtime_ms
-                    );
+            let figures = RoundFigures {
+                round,
+                pages_sent,
+                pages_dirtied: found,
+                dirty_seconds: since,
+                round_seconds: took,
+                bandwidth,
+                remaining,
+                max_downtime_ms: self.request.max_downtime_ms,
+                max_rounds: self.request.max_rounds,
+            };
+            match policy.decide(&figures) {
+                Decision::NextRound => {}
+                Decision::StopAndCopy => return Ok(false),
+                Decision::GiveUp { reason } => {
+                    tracing::warn!("{reason}");
+                    return Ok(false);
+                }
+                Decision::SwitchToPostcopy { reason } => {
                     self.status.update(|s| s.switch_reason = Some(reason));
                     return Ok(true);
                 }
-            }
-            if round > self.request.max_rounds {
-                if self.request.mode == MigrationMode::Hybrid {
-                    self.status.update(|s| {
-                        s.switch_reason = Some(format!(
-                            "no convergence after {} rounds ({} pages left)",
-                            self.request.max_rounds, remaining
-                        ))
-                    });
-                    return Ok(true);
-                }
-                tracing::warn!(
-                    "precopy did not converge in {} rounds: stopping with {remaining} pages left",
-                    self.request.max_rounds
-                );
-                return Ok(false);
             }
         }
     }
