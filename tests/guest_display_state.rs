@@ -142,16 +142,18 @@ fn a_vm_with_a_display_keeps_its_picture_through_snapshots_and_migrations() {
     assert_eq!(status.code(), Some(125), "{}", x.stderr());
 
     // Precopy A -> C (compare) while A draws all the time and rewrites
-    // 32 MiB every 3 s. 64 MiB/s makes the first round take seconds and a
-    // rewrite 500 ms to send, over the 300 ms downtime target: a round
-    // log that kept every page written since the start (KVM's manual
+    // 32 MiB every 3 s. At 64 MiB/s the first round (160 MiB of random
+    // data among the rest) takes over 3 s, so it sees a rewrite, and a
+    // rewrite takes 500 ms to send, over the 300 ms downtime target: a log
+    // that kept every page written since the start (KVM's manual
     // protection without a clear) would never get under it.
+    a.shell("dd if=/dev/urandom of=/dev/shm/blob bs=1M count=160 2>/dev/null");
     a.shell("dd if=/dev/urandom of=/dev/shm/src bs=1M count=32 2>/dev/null");
     a.shell(
         "(i=0; while :; do i=$((i+1)); hk-fbdraw -p fill -x 0 -y 0 -w 256 -H 256 -c $((i * 40503 % 16777216)) >/dev/null; sleep 0.05; done) & echo $! > /tmp/draw.pid",
     );
     a.shell(
-        "(sleep 1; while :; do cp /dev/shm/src /dev/shm/burst; sleep 3; done) & echo $! > /tmp/burst.pid",
+        "(while :; do cp /dev/shm/src /dev/shm/burst; sleep 3; done) & echo $! > /tmp/burst.pid",
     );
     let port = free_port();
     let mut c = display_destination(port, &sockets[2], "compare");

@@ -19,7 +19,7 @@ use crate::migration::{Incoming, IncomingAddress};
 use crate::platform::Platform;
 use crate::snapshot::file::SnapshotReader;
 use crate::snapshot::restore as snapshot_restore;
-use crate::snapshot::state::VcpuState;
+use crate::snapshot::state::{VcpuState, VmSnapshot};
 use crate::Error;
 
 /// How the VM starts, chosen from the command line.
@@ -96,7 +96,6 @@ impl Start {
     pub fn load(self, target: &Target) -> Result<Loaded, Error> {
         let config = target.config;
         let ram = target.memory.ram();
-        let vm_fd = target.memory.vm_fd();
         match self {
             Start::Boot => {
                 let rsdp = write_acpi_tables(ram, &target.platform.acpi(config.vcpus))?;
@@ -125,18 +124,7 @@ impl Start {
             Start::Restore(mut reader) => {
                 snapshot_restore::check_devices(&reader, &target.platform.devices)?;
                 reader.load_ram(ram)?;
-                let snapshot = &mut reader.snapshot;
-                snapshot_restore::apply_vm_state(
-                    vm_fd,
-                    target.platform,
-                    target.framebuffer,
-                    snapshot,
-                )?;
-                Ok(Loaded {
-                    boot: saved_boot(&snapshot.machine),
-                    vcpus: VcpuStart::Saved(std::mem::take(&mut snapshot.vcpus)),
-                    received: None,
-                })
+                continue_saved(target, &mut reader.snapshot)
             }
             Start::Incoming(incoming) => {
                 let machine = snapshot_restore::machine_state(
@@ -147,21 +135,30 @@ impl Start {
                     String::new(),
                 );
                 let mut received = incoming.receive(ram, &machine)?;
-                let snapshot = &mut received.snapshot;
-                snapshot_restore::apply_vm_state(
-                    vm_fd,
-                    target.platform,
-                    target.framebuffer,
-                    snapshot,
-                )?;
+                let loaded = continue_saved(target, &mut received.snapshot)?;
                 Ok(Loaded {
-                    boot: saved_boot(&snapshot.machine),
-                    vcpus: VcpuStart::Saved(std::mem::take(&mut snapshot.vcpus)),
                     received: Some(received),
+                    ..loaded
                 })
             }
         }
     }
+}
+
+/// A restored or migrated-in VM, once its RAM is in: the VM-wide KVM and
+/// device state go back; the vCPUs' states wait for their vCPUs.
+fn continue_saved(target: &Target, snapshot: &mut VmSnapshot) -> Result<Loaded, Error> {
+    snapshot_restore::apply_vm_state(
+        target.memory.vm_fd(),
+        target.platform,
+        target.framebuffer,
+        snapshot,
+    )?;
+    Ok(Loaded {
+        boot: saved_boot(&snapshot.machine),
+        vcpus: VcpuStart::Saved(std::mem::take(&mut snapshot.vcpus)),
+        received: None,
+    })
 }
 
 /// The boot a saved VM records.
