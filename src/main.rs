@@ -149,11 +149,11 @@ enum CtlCommandArg {
     /// detection or refresh mode at run time.
     Display {
         /// Update detection: compare, dirtylog or wp.
-        #[arg(long, value_name = "METHOD", value_parser = parse_dirty)]
-        dirty: Option<api::DirtyDetection>,
+        #[arg(long, value_name = "METHOD", value_parser = parse_choice::<api::DirtyMethod>)]
+        dirty: Option<api::DirtyMethod>,
         /// Refresh: timer or event.
-        #[arg(long, value_name = "MODE", value_parser = parse_refresh)]
-        refresh: Option<api::RefreshTrigger>,
+        #[arg(long, value_name = "MODE", value_parser = parse_choice::<api::RefreshMode>)]
+        refresh: Option<api::RefreshMode>,
     },
     /// Check that the VMM answers.
     Ping,
@@ -172,8 +172,8 @@ enum CtlCommandArg {
         #[arg(long, value_name = "tcp:HOST:PORT", value_parser = parse_tcp_keep)]
         to: String,
         /// precopy, postcopy or hybrid.
-        #[arg(long, value_name = "MODE", value_parser = parse_mode, required_unless_present = "resume")]
-        mode: Option<api::MigrateMode>,
+        #[arg(long, value_name = "MODE", value_parser = parse_choice::<api::MigrationMode>, required_unless_present = "resume")]
+        mode: Option<api::MigrationMode>,
         /// Postcopy: pages sent on each side of a demanded page (default 8).
         #[arg(long, value_name = "N")]
         prefetch: Option<u32>,
@@ -245,11 +245,16 @@ impl std::str::FromStr for SizeArg {
 }
 
 fn parse_on_off(text: &str) -> Result<bool, String> {
-    match text {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        other => Err(format!("expected on or off, not '{other}'")),
-    }
+    parse_choice::<choices::OnOff>(text).map(bool::from)
+}
+
+/// A switchable choice's word (the `choices` crate says which words and
+/// what the error is, for `run`, `ctl` and the API alike).
+fn parse_choice<T: std::str::FromStr>(text: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    text.parse().map_err(|e: T::Err| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -435,7 +440,7 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
             let request = api::MigrateRequest {
                 to,
                 // A resume goes on in the paused migration's mode.
-                mode: mode.unwrap_or(api::MigrateMode::Postcopy),
+                mode: mode.unwrap_or(api::MigrationMode::Postcopy),
                 prefetch,
                 max_downtime_ms: max_downtime,
                 max_rounds,
@@ -470,24 +475,6 @@ fn absolute_utf8(path: &Path) -> Result<String, String> {
         .ok_or_else(|| format!("--path {} is not UTF-8", absolute.display()))
 }
 
-fn parse_dirty(text: &str) -> Result<api::DirtyDetection, String> {
-    match text {
-        "compare" => Ok(api::DirtyDetection::Compare),
-        "dirtylog" => Ok(api::DirtyDetection::Dirtylog),
-        "wp" => Ok(api::DirtyDetection::Wp),
-        _ => Err(format!("'{text}' is not compare, dirtylog or wp")),
-    }
-}
-
-fn parse_mode(text: &str) -> Result<api::MigrateMode, String> {
-    match text {
-        "precopy" => Ok(api::MigrateMode::Precopy),
-        "postcopy" => Ok(api::MigrateMode::Postcopy),
-        "hybrid" => Ok(api::MigrateMode::Hybrid),
-        _ => Err(format!("'{text}' is not precopy, postcopy or hybrid")),
-    }
-}
-
 /// `tcp:HOST:PORT` → `HOST:PORT` (for --incoming).
 fn parse_tcp(text: &str) -> Result<String, String> {
     vmm::migration::parse_tcp_address(text)
@@ -496,12 +483,4 @@ fn parse_tcp(text: &str) -> Result<String, String> {
 /// `tcp:HOST:PORT`, checked and kept whole (the API takes it so).
 fn parse_tcp_keep(text: &str) -> Result<String, String> {
     vmm::migration::parse_tcp_address(text).map(|_| text.to_string())
-}
-
-fn parse_refresh(text: &str) -> Result<api::RefreshTrigger, String> {
-    match text {
-        "timer" => Ok(api::RefreshTrigger::Timer),
-        "event" => Ok(api::RefreshTrigger::Event),
-        _ => Err(format!("'{text}' is not timer or event")),
-    }
 }

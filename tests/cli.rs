@@ -285,7 +285,7 @@ fn memory_backing_mistakes_are_one_line_errors() {
         ),
         (
             "size=256M,thp=maybe",
-            "--memory: option thp=maybe: expected on or off",
+            "--memory: option thp=maybe: 'maybe' is not on or off",
         ),
         ("hugepages=on", "--memory hugepages=on: no size given"),
         (

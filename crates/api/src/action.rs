@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use choices::{DirtyMethod, MigrationMode, RefreshMode, SptPages};
+
 /// Lifecycle state of the VM as seen by the API.
 ///
 /// Serialized in `snake_case` (`"running"`, `"paused"`, `"shutting_down"`) so
@@ -153,25 +155,13 @@ pub enum ApiAction {
     Dump(DumpRequest),
 }
 
-/// How to migrate (docs/migration.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MigrateMode {
-    /// Copy memory while the guest runs, then stop and copy the rest.
-    Precopy,
-    /// Stop, run on the destination at once, fetch memory on demand.
-    Postcopy,
-    /// Precopy rounds, then postcopy when they stop converging.
-    Hybrid,
-}
-
 /// Body of `PUT /api/v1/vm.migrate`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MigrateRequest {
     /// `tcp:HOST:PORT` of the destination's `--incoming`.
     pub to: String,
-    pub mode: MigrateMode,
+    pub mode: MigrationMode,
     /// Pages sent on each side of a demanded page in postcopy (default 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<u32>,
@@ -227,90 +217,14 @@ pub struct SnapshotRequest {
     pub path: String,
 }
 
-/// How the display finds framebuffer updates (docs/display.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DirtyDetection {
-    /// Compare the whole framebuffer with a copy every period (baseline).
-    Compare,
-    /// KVM's dirty log of the framebuffer slot (dirty bits).
-    Dirtylog,
-    /// userfaultfd write protection (write exceptions).
-    Wp,
-}
-
-/// What ends a display refresh period.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RefreshTrigger {
-    /// The adaptive timer only.
-    Timer,
-    /// The timer, or the guest's first write after an idle stretch.
-    Event,
-}
-
 /// Body of `PUT /api/v1/vm.display`: what to change (absent: unchanged).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DisplaySettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dirty: Option<DirtyDetection>,
+    pub dirty: Option<DirtyMethod>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub refresh: Option<RefreshTrigger>,
-}
-
-/// A shadow-paging budget as the API takes it: a number of 4 KiB pages, or
-/// `"auto"` (sized from the guest's page tables). On the wire a JSON
-/// number or the string `"auto"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "SptPagesWire", into = "SptPagesWire")]
-pub enum SptPages {
-    /// A fixed budget of this many pages.
-    Pages(u64),
-    /// Follow the guest's page-table size.
-    Auto,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(untagged)]
-enum SptPagesWire {
-    Pages(u64),
-    Word(String),
-}
-
-impl TryFrom<SptPagesWire> for SptPages {
-    type Error = String;
-
-    fn try_from(wire: SptPagesWire) -> Result<Self, String> {
-        match wire {
-            SptPagesWire::Pages(n) => Ok(SptPages::Pages(n)),
-            SptPagesWire::Word(w) => w.parse(),
-        }
-    }
-}
-
-impl From<SptPages> for SptPagesWire {
-    fn from(pages: SptPages) -> Self {
-        match pages {
-            SptPages::Pages(n) => SptPagesWire::Pages(n),
-            SptPages::Auto => SptPagesWire::Word("auto".into()),
-        }
-    }
-}
-
-impl std::str::FromStr for SptPages {
-    type Err = String;
-
-    /// `auto` or a whole number of pages (range checks are the VMM's).
-    fn from_str(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        if text.eq_ignore_ascii_case("auto") {
-            return Ok(SptPages::Auto);
-        }
-        text.parse::<u64>()
-            .map(SptPages::Pages)
-            .map_err(|_| format!("'{text}' is not a number of 4 KiB pages or \"auto\""))
-    }
+    pub refresh: Option<RefreshMode>,
 }
 
 /// Body of `PUT /api/v1/vm.mmu`.
@@ -494,22 +408,6 @@ mod tests {
             version: "1.2.3".into(),
         });
         assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"version":"1.2.3"}"#);
-    }
-
-    #[test]
-    fn spt_pages_are_a_number_or_auto_on_the_wire() {
-        let set: MmuSettings = serde_json::from_str(r#"{"spt_pages": 512}"#).unwrap();
-        assert_eq!(set.spt_pages, SptPages::Pages(512));
-        let set: MmuSettings = serde_json::from_str(r#"{"spt_pages": "auto"}"#).unwrap();
-        assert_eq!(set.spt_pages, SptPages::Auto);
-        assert_eq!(
-            serde_json::to_string(&set).unwrap(),
-            r#"{"spt_pages":"auto"}"#
-        );
-        assert!(serde_json::from_str::<MmuSettings>(r#"{"spt_pages": "lots"}"#).is_err());
-        assert!(serde_json::from_str::<MmuSettings>(r#"{"spt_pages": -1}"#).is_err());
-        assert_eq!("AUTO".parse::<SptPages>(), Ok(SptPages::Auto));
-        assert!("lots".parse::<SptPages>().unwrap_err().contains("lots"));
     }
 
     #[test]

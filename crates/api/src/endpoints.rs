@@ -237,7 +237,7 @@ mod tests {
             }),
             ApiAction::DisplayInfo,
             ApiAction::DisplaySet(crate::action::DisplaySettings {
-                dirty: Some(crate::action::DirtyDetection::Wp),
+                dirty: Some(crate::action::DirtyMethod::Wp),
                 refresh: None,
             }),
             ApiAction::Snapshot(crate::action::SnapshotRequest {
@@ -245,7 +245,7 @@ mod tests {
             }),
             ApiAction::Migrate(crate::action::MigrateRequest {
                 to: "tcp:10.0.0.2:4444".into(),
-                mode: crate::action::MigrateMode::Postcopy,
+                mode: crate::action::MigrationMode::Postcopy,
                 prefetch: Some(8),
                 max_downtime_ms: Some(100),
                 max_rounds: None,

@@ -51,10 +51,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use action::{
-    ApiAction, ApiError, ApiResponse, BalloonInfo, BalloonTarget, DeviceInfo, DirtyDetection,
-    DisplaySettings, DumpInfo, DumpRequest, ErrorBody, MemoryBacking, MigrateMode, MigrateRequest,
-    MmuInfo, MmuSettings, RefreshTrigger, SnapshotRequest, SptPages, VmController, VmInfo, VmState,
-    VmmVersion,
+    ApiAction, ApiError, ApiResponse, BalloonInfo, BalloonTarget, DeviceInfo, DirtyMethod,
+    DisplaySettings, DumpInfo, DumpRequest, ErrorBody, MemoryBacking, MigrateRequest,
+    MigrationMode, MmuInfo, MmuSettings, RefreshMode, SnapshotRequest, SptPages, VmController,
+    VmInfo, VmState, VmmVersion,
 };
 pub use client::{run_ctl, CtlCommand};
 pub use server::{ApiServer, ServerOptions};

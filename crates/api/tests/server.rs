@@ -900,7 +900,7 @@ fn migrate_endpoint_carries_the_request_and_the_report_comes_back() {
     let h = start();
     let request = api::MigrateRequest {
         to: "tcp:127.0.0.1:4444".into(),
-        mode: api::MigrateMode::Hybrid,
+        mode: api::MigrationMode::Hybrid,
         prefetch: Some(4),
         max_downtime_ms: None,
         max_rounds: None,

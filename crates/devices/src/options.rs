@@ -70,9 +70,14 @@ impl Options {
     pub fn flag(&mut self, key: &'static str, default: bool) -> Result<bool, OptionsError> {
         match self.take(key).as_deref() {
             None => Ok(default),
-            Some("on" | "true") => Ok(true),
-            Some("off" | "false") => Ok(false),
-            Some(other) => Err(invalid(key, other, "expected on or off")),
+            // true/false are accepted as they always were; anything else
+            // gets the switch's own line (choices::OnOff).
+            Some("true") => Ok(true),
+            Some("false") => Ok(false),
+            Some(other) => other
+                .parse::<choices::OnOff>()
+                .map(bool::from)
+                .map_err(|e| invalid(key, other, &e.to_string())),
         }
     }
 

@@ -5,9 +5,6 @@
 //! (32x32 pixels at 32 bpp = 4 KiB), tiles in raster order, pixels row-major
 //! inside a tile. A 64x64 icon then dirties at most 9 pages instead of 64.
 
-use std::fmt;
-use std::str::FromStr;
-
 use crate::Rect;
 
 /// Bytes per pixel: the framebuffer is always 32 bpp XRGB.
@@ -17,38 +14,8 @@ pub const PAGE_SIZE: usize = 4096;
 /// Side of a page tile in pixels: 32 x 32 x 4 bytes = one page.
 pub const TILE_SIDE: usize = 32;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Layout {
-    Linear,
-    Tiled,
-}
-
-impl Layout {
-    pub fn name(self) -> &'static str {
-        match self {
-            Layout::Linear => "linear",
-            Layout::Tiled => "tiled",
-        }
-    }
-}
-
-impl fmt::Display for Layout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Layout {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Layout, String> {
-        match s {
-            "linear" => Ok(Layout::Linear),
-            "tiled" => Ok(Layout::Tiled),
-            _ => Err(format!("unknown layout '{s}' (linear or tiled)")),
-        }
-    }
-}
+/// `layout=` of `--display` (defined once, in the `choices` crate).
+pub use choices::Layout;
 
 /// One horizontal run of pixels inside a page: row `y`, columns `x0..x1`,
 /// starting at byte `offset` of the page.

@@ -3,8 +3,6 @@
 //! (not below 30 ms) after a change; back to 30 ms on keyboard or pointer
 //! input.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 pub const BASE_PERIOD: Duration = Duration::from_millis(30);
@@ -12,42 +10,8 @@ pub const IDLE_STEP: Duration = Duration::from_millis(50);
 /// An upper bound the paper does not state: QEMU stops at 3 s.
 pub const MAX_PERIOD: Duration = Duration::from_millis(3000);
 
-/// How a period ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RefreshMode {
-    /// The timer only (the paper; every VMM today).
-    Timer,
-    /// The timer, but during an idle stretch (period above the base) the
-    /// guest's first write to the framebuffer ends the wait at once.
-    Event,
-}
-
-impl RefreshMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            RefreshMode::Timer => "timer",
-            RefreshMode::Event => "event",
-        }
-    }
-}
-
-impl fmt::Display for RefreshMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for RefreshMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<RefreshMode, String> {
-        match s {
-            "timer" => Ok(RefreshMode::Timer),
-            "event" => Ok(RefreshMode::Event),
-            _ => Err(format!("unknown refresh '{s}' (timer or event)")),
-        }
-    }
-}
+/// What ends a period: `refresh=` (defined once, in the `choices` crate).
+pub use choices::RefreshMode;
 
 /// The adaptive refresh period.
 #[derive(Clone, Copy, Debug)]

@@ -7,19 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api::{
-    ApiAction, ApiError, ApiResponse, ApiServer, BalloonInfo, DeviceInfo, DirtyDetection,
-    DisplaySettings, MigrateMode, MigrateRequest, RefreshTrigger, VmController, VmInfo, VmState,
-    VmmVersion,
+    ApiAction, ApiError, ApiResponse, ApiServer, BalloonInfo, DeviceInfo, DisplaySettings,
+    MigrateRequest, VmController, VmInfo, VmState, VmmVersion,
 };
 use devices::virtio::balloon::BalloonControl;
-use display::dirty::DirtyMethod;
-use display::refresh::RefreshMode;
 use display::DisplayControl;
 
 use crate::boot::BootProtocol;
 use crate::event::VmmEvent;
 use crate::migration::source::{MigrationRequest, VmPauser};
-use crate::migration::MigrationMode;
 use crate::mmu::SptBudget;
 use crate::snapshot::{SnapshotError, SnapshotSource};
 use crate::vcpu::{Desired, RunControl};
@@ -155,11 +151,7 @@ impl VmControl {
             .map_err(|e| ApiError::bad_request(format!("to: {e}")))?;
         let request = MigrationRequest {
             to,
-            mode: match request.mode {
-                MigrateMode::Precopy => MigrationMode::Precopy,
-                MigrateMode::Postcopy => MigrationMode::Postcopy,
-                MigrateMode::Hybrid => MigrationMode::Hybrid,
-            },
+            mode: request.mode,
             prefetch: request.prefetch.unwrap_or(DEFAULT_PREFETCH),
             max_downtime_ms: request
                 .max_downtime_ms
@@ -257,15 +249,7 @@ impl VmControl {
     }
 
     fn display_set(&self, settings: DisplaySettings) -> Result<ApiResponse, ApiError> {
-        let dirty = settings.dirty.map(|d| match d {
-            DirtyDetection::Compare => DirtyMethod::Compare,
-            DirtyDetection::Dirtylog => DirtyMethod::DirtyLog,
-            DirtyDetection::Wp => DirtyMethod::Wp,
-        });
-        let refresh = settings.refresh.map(|r| match r {
-            RefreshTrigger::Timer => RefreshMode::Timer,
-            RefreshTrigger::Event => RefreshMode::Event,
-        });
+        let (dirty, refresh) = (settings.dirty, settings.refresh);
         if dirty.is_none() && refresh.is_none() {
             return Err(ApiError::bad_request(
                 "nothing to change: give dirty and/or refresh",

@@ -18,8 +18,6 @@ mod dirtylog;
 mod page_set;
 mod wp;
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 pub use compare::CompareTracker;
@@ -27,43 +25,9 @@ pub use dirtylog::{DirtyLogTracker, FramebufferLog, FramebufferLogReader};
 pub use page_set::PageSet;
 pub use wp::WpTracker;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DirtyMethod {
-    Compare,
-    DirtyLog,
-    Wp,
-}
-
-impl DirtyMethod {
-    pub fn name(self) -> &'static str {
-        match self {
-            DirtyMethod::Compare => "compare",
-            DirtyMethod::DirtyLog => "dirtylog",
-            DirtyMethod::Wp => "wp",
-        }
-    }
-}
-
-impl fmt::Display for DirtyMethod {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for DirtyMethod {
-    type Err = String;
-    fn from_str(s: &str) -> Result<DirtyMethod, String> {
-        match s {
-            "compare" => Ok(DirtyMethod::Compare),
-            "dirtylog" => Ok(DirtyMethod::DirtyLog),
-            "wp" => Ok(DirtyMethod::Wp),
-            _ => Err(format!(
-                "unknown update detection '{s}' (compare, dirtylog or wp)"
-            )),
-        }
-    }
-}
+/// How trackers are chosen: `dirty=` of `--display`, `ctl display --dirty`,
+/// the API (defined once, in the `choices` crate).
+pub use choices::DirtyMethod;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DirtyError {

@@ -543,7 +543,7 @@ mod tests {
         );
         assert_eq!(
             error("size=2G,thp=maybe"),
-            "--memory: option thp=maybe: expected on or off"
+            "--memory: option thp=maybe: 'maybe' is not on or off"
         );
         assert_eq!(
             error("hugepages=on"),

@@ -37,29 +37,8 @@ pub use destination::{Incoming, IncomingAddress};
 pub use source::{MigrationSource, VmPauser};
 pub use status::{MigrationStatus, Phase};
 
-/// How the source moves the VM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MigrationMode {
-    /// Copy RAM while the guest runs, again and again for what it dirtied,
-    /// then stop it and copy the rest: the baseline.
-    Precopy,
-    /// Stop at once, send CPU and device state, run on the destination and
-    /// pull pages on demand (plus neighbours and a background push).
-    Postcopy,
-    /// Precopy rounds; postcopy once they stop converging.
-    Hybrid,
-}
-
-impl MigrationMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            MigrationMode::Precopy => "precopy",
-            MigrationMode::Postcopy => "postcopy",
-            MigrationMode::Hybrid => "hybrid",
-        }
-    }
-}
+/// How the source moves the VM (defined once, in the `choices` crate).
+pub use choices::MigrationMode;
 
 /// The first message: the source's version and the machine the state fits.
 #[derive(Clone, Debug, Serialize, Deserialize)]

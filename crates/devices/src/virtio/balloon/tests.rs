@@ -97,7 +97,7 @@ fn options_parse_and_errors() {
         ("size=big", "size=big"),
         ("size=99999999999", "at most"),
         ("colour=red", "unknown option 'colour'"),
-        ("deflate_on_oom=maybe", "expected on or off"),
+        ("deflate_on_oom=maybe", "'maybe' is not on or off"),
         ("stats=on,stats=off", "given twice"),
         ("512", "not key=value"),
     ] {

@@ -1639,7 +1639,7 @@ fn disk_option_mistakes_are_named() {
     assert!(err("").contains("missing option 'path'"));
     assert!(err("path=").contains("the path is empty"));
     assert!(err("a.img,cache=directsync").contains("expected one of writeback, none, unsafe"));
-    assert!(err("a.img,readonly=yes").contains("expected on or off"));
+    assert!(err("a.img,readonly=yes").contains("'yes' is not on or off"));
     assert!(err("a.img,size=1G").contains("unknown option 'size'"));
     assert!(err("a.img,b.img").contains("'b.img' is not key=value"));
     assert!(err("a.img,path=b.img").contains("given twice"));
