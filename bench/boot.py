@@ -39,11 +39,9 @@ host (hardware KVM) and builds what is missing.
 """
 
 import argparse
-import datetime
 import functools
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -55,8 +53,7 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E402
-                             guest_manifest, placement, sha256_file)
+from lib.environment import vmm_environment  # noqa: E402
 from lib.console import PipeReader  # noqa: E402
 from lib.hugepages import HugePages, pages_for  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
@@ -392,29 +389,9 @@ def one_run(args, vmm, kernel, initrd, index, warmup=False):
 # --------------------------------------------------------- environment ----
 
 def environment(args):
-    manifest = guest_manifest(args.kernel)
-    _, kind, where, note = placement(RIG_NOTE, "times")
-    return {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "where": where,
-        "note": note,
-        "kvm": kind,
-        "host_kernel": platform.release(),
-        "cpu_model": cpu_model(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "hakoniwa_version": first_line([args.hakoniwa, "--version"]),
-        "hakoniwa_binary_sha256": sha256_file(args.hakoniwa),
-        "qemu_version": first_line([args.qemu, "--version"]),
-        "guest_kernel": args.kernel,
-        "guest_kernel_version": bzimage_version(args.kernel),
-        "guest_kernel_package": manifest.get("kernel-package"),
-        "guest_initramfs": args.initramfs,
-        "guest_busybox": manifest.get("busybox-static"),
-        "guest_cmdline": CMDLINE,
-        "vcpus": 1,
-        "memory_mib": args.memory_mib,
-    }
+    return vmm_environment(RIG_NOTE, "times", args.hakoniwa, args.qemu, args.kernel,
+                           args.initramfs, CMDLINE, vcpus=1, memory_mib=args.memory_mib,
+                           initramfs_sha256=False)
 
 
 # ------------------------------------------------------------- summary ----

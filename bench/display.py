@@ -37,6 +37,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.console import Console, PROMPT_RE  # noqa: E402
+from lib.environment import in_rig  # noqa: E402
 from lib.hakoniwa import hk_ctl  # noqa: E402
 from rfb_probe import RfbProbe  # noqa: E402
 
@@ -309,16 +310,6 @@ def parse_rates(text):
                              % ", ".join(PATTERNS))
         rates[name] = float(value)
     return rates
-
-
-def rig_l1():
-    """Whether this runs inside the test rig's L1 (scripts/rig puts hk.run=
-    on L1's kernel command line)."""
-    try:
-        with open("/proc/cmdline") as f:
-            return " hk.run=" in " " + f.read()
-    except OSError:
-        return False
 
 
 def ratio(a, b):
@@ -668,12 +659,11 @@ def main():
         t2 = table2(args, tmp)
         vid, lat = video(args, tmp)
     os.makedirs(args.out, exist_ok=True)
-    in_rig = rig_l1()
     result = {
         "command": "scripts/bench-display",
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "note": "inside L1 (QEMU TCG, nested KVM); absolute times mean little, compare ratios"
-        if in_rig else "on this host's KVM",
+        if in_rig() else "on this host's KVM",
         "seconds": args.seconds, "window_s": args.window, "idle_s": args.idle,
         "table2": t2, "video": vid, "latency": lat,
         "paper": {"table2_ms": PAPER_TABLE2, "video": PAPER_VIDEO},

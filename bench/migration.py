@@ -58,10 +58,8 @@ anything. Needs root (TAPs, bridge, userfaultfd for QEMU).
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import pty
 import re
 import shutil
@@ -77,8 +75,8 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.console import PROMPT_RE, shell  # noqa: E402
-from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E402
-                             guest_manifest, placement, sha256_file)
+from lib.environment import (first_line, git_state, machine_memory_mib,  # noqa: E402
+                             vmm_environment)
 from lib.hakoniwa import HkPair, api_get  # noqa: E402
 from lib.kvmtrace import KvmTrace, stuck_report  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
@@ -1001,38 +999,15 @@ def l1_vcpus(n=None):
 
 
 def environment(args):
-    manifest = guest_manifest(args.kernel)
-    rig, kind, where, note = placement(RIG_NOTE % l1_vcpus(), "figures")
-    return {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "where": where,
-        "note": note,
-        "kvm": kind,
-        "host_kernel": platform.release(),
-        "cpu_model": cpu_model(),
-        "cpus": os.cpu_count(),
-        "memory_mib_l1": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MIB,
-        "python": platform.python_version(),
-        "hakoniwa_version": first_line([args.hakoniwa, "--version"]),
-        "hakoniwa_binary_sha256": sha256_file(args.hakoniwa),
-        "qemu_version": first_line([args.qemu, "--version"]) if args.qemu_path else None,
-        "siege_version": first_line([args.siege, "--version"]) if args.siege_path else None,
-        "guest_kernel": os.path.relpath(args.kernel, ROOT),
-        "guest_kernel_version": bzimage_version(args.kernel),
-        "guest_kernel_package": manifest.get("kernel-package"),
-        "guest_initramfs": os.path.relpath(args.initramfs, ROOT),
-        "guest_initramfs_sha256": sha256_file(args.initramfs),
-        "guest_busybox": manifest.get("busybox-static"),
-        "guest_cmdline": CMDLINE,
-        "other_rigs_at_start": os.environ.get("HK_BENCH_OTHER_RIGS"),
-        "git_commit": first_line(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]),
-        # The tree is shared: say what the binary was built with beyond HEAD.
-        "git_uncommitted": subprocess.run(
-            ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True).stdout.splitlines()[:20],
-        "vcpus": args.cpus,
-        "memory_mib": args.memory_mib,
-    }
+    commit, uncommitted = git_state(ROOT, 20)
+    return vmm_environment(
+        RIG_NOTE % l1_vcpus(), "figures", args.hakoniwa, args.qemu if args.qemu_path else None,
+        args.kernel, args.initramfs, CMDLINE, vcpus=args.cpus, memory_mib=args.memory_mib,
+        relative_to=ROOT, machine={"memory_mib_l1": machine_memory_mib()},
+        tools={"siege_version": first_line([args.siege, "--version"])
+               if args.siege_path else None},
+        run={"other_rigs_at_start": os.environ.get("HK_BENCH_OTHER_RIGS"),
+             "git_commit": commit, "git_uncommitted": uncommitted})
 
 
 # -------------------------------------------------------------- reading ----

@@ -50,7 +50,6 @@ hardware KVM, as root) the runs themselves are `soak.py --worker`.
 """
 
 import argparse
-import datetime
 import fcntl
 import json
 import os
@@ -70,7 +69,8 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.console import PROMPT_RE, shell  # noqa: E402
 from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E402
-                             guest_manifest, placement, sha256_file)
+                             git_state, guest_manifest, machine_memory_mib, placement,
+                             sha256_file, utc_now)
 from lib.hakoniwa import HkPair, api_get, hk_ctl  # noqa: E402
 from lib.kvmtrace import KvmTrace, fold_repeats, stuck_report  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
@@ -173,10 +173,6 @@ T0 = time.monotonic()
 
 def log(*a):
     print("[soak %6.1f] %s" % (time.monotonic() - T0, " ".join(str(x) for x in a)), flush=True)
-
-
-def utc_now():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def die(message):
@@ -935,7 +931,7 @@ def l1_environment(ctx, params):
         "kvm": kind,
         "kernel": platform.release(),
         "cpus": os.cpu_count(),
-        "memory_mib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20,
+        "memory_mib": machine_memory_mib(),
         "thp": first_line(["cat", "/sys/kernel/mm/transparent_hugepage/enabled"]),
         "qemu_version": first_line([ctx.qemu, "--version"]) if ctx.qemu else None,
         "hakoniwa_version": first_line([ctx.hk, "--version"]),
@@ -1018,6 +1014,7 @@ def worker(l1, ids, after_run=None):
 
 def host_environment(params):
     rig = rig_settings() if params["rig"] else {}
+    commit, uncommitted = git_state(ROOT, 30)
     return {
         "date_utc": utc_now(),
         "host_kernel": platform.release(),
@@ -1034,11 +1031,8 @@ def host_environment(params):
         # L1s side by side (--parallel).
         "rig_parallel": params["parallel"] if rig else None,
         "python": platform.python_version(),
-        "git_commit": first_line(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]),
-        # The tree is shared: say what the binary was built with beyond HEAD.
-        "git_uncommitted": subprocess.run(
-            ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True).stdout.splitlines()[:30],
+        "git_commit": commit,
+        "git_uncommitted": uncommitted,
         "guest_kernel": os.path.relpath(params["kernel"], ROOT),
         "guest_initramfs": os.path.relpath(params["initramfs"], ROOT),
         "guest_cmdline": CMDLINE,

@@ -50,12 +50,10 @@ drop_caches).
 
 import argparse
 import base64
-import datetime
 import functools
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -69,8 +67,7 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E402
-                             guest_manifest, placement, sha256_file)
+from lib.environment import in_rig, vmm_environment  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
 from lib.tables import cell, md_table, text_table  # noqa: E402
 
@@ -557,32 +554,11 @@ def tables(args, summary, ratios):
 # --------------------------------------------------------- environment ----
 
 def environment(args, image_info):
-    manifest = guest_manifest(args.kernel)
-    rig, kind, where, note = placement(RIG_NOTE, "figures")
-    env = {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "where": where,
-        "note": note,
-        "kvm": kind,
-        "host_kernel": platform.release(),
-        "cpu_model": cpu_model(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "hakoniwa_version": first_line([args.hakoniwa, "--version"]),
-        "hakoniwa_binary_sha256": sha256_file(args.hakoniwa),
-        "qemu_version": first_line([args.qemu, "--version"]),
-        "guest_kernel": os.path.relpath(args.kernel, ROOT),
-        "guest_kernel_version": bzimage_version(args.kernel),
-        "guest_kernel_package": manifest.get("kernel-package"),
-        "guest_initramfs": os.path.relpath(args.initramfs, ROOT),
-        "guest_initramfs_sha256": sha256_file(args.initramfs),
-        "guest_busybox": manifest.get("busybox-static"),
-        "guest_cmdline": CMDLINE + " hk.cmd=<base64 of the command>",
-        "vcpus": args.cpus,
-        "memory_mib": args.memory_mib,
-        "image": image_info,
-    }
-    if rig:
+    env = vmm_environment(RIG_NOTE, "figures", args.hakoniwa, args.qemu, args.kernel,
+                          args.initramfs, CMDLINE + " hk.cmd=<base64 of the command>",
+                          vcpus=args.cpus, memory_mib=args.memory_mib, relative_to=ROOT)
+    env["image"] = image_info
+    if in_rig():
         env["rig_storage"] = ("the image lives on L1's /tmp: ext4 on a virtio-blk disk of "
                               "the rig's TCG QEMU (cache=unsafe, a sparse file on the "
                               "machine), so L1's 'disk' is the machine's page cache "

@@ -1,11 +1,19 @@
 """What the results' environment sections record: versions, hashes, the
 CPU, and whether the figures come from the rig, a host with hardware KVM
-or something slower."""
+or something slower; `vmm_environment` is the whole section of a
+benchmark that boots one guest under hakoniwa and QEMU."""
 
+import datetime
 import hashlib
 import os
+import platform
 import struct
 import subprocess
+
+
+def utc_now():
+    """Now, as the results' `date_utc` fields write it."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def first_line(argv):
@@ -46,6 +54,22 @@ def cpu_model():
     except OSError:
         pass
     return None
+
+
+def machine_memory_mib():
+    """This machine's memory (in the rig, L1's), MiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+
+
+def git_state(root, limit):
+    """(commit, uncommitted) of the tree at ROOT: HEAD, short, and up to
+    LIMIT lines of `git status --porcelain` for the files git tracks. The
+    tree is shared: they say what the binary was built with beyond HEAD."""
+    commit = first_line(["git", "-C", root, "rev-parse", "--short", "HEAD"])
+    uncommitted = subprocess.run(
+        ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True, text=True).stdout.splitlines()[:limit]
+    return commit, uncommitted
 
 
 def in_rig():
@@ -98,3 +122,50 @@ def placement(rig_note, measures):
         where, note = "host", ("host KVM is %s, not hardware KVM: absolute %s mean "
                                "little, compare ratios" % (kind, measures))
     return rig, kind, where, note
+
+
+def vmm_environment(rig_note, measures, hakoniwa, qemu, kernel, initramfs, cmdline, *,
+                    vcpus, memory_mib, relative_to=None, initramfs_sha256=True,
+                    machine=None, tools=None, run=None):
+    """The environment section of a benchmark that boots one guest under
+    hakoniwa and under QEMU, in the order the results list it: when and
+    where (`placement`), the machine (MACHINE: more of its keys, after its
+    CPUs), Python, the VMMs (QEMU: None when there is none; TOOLS: more
+    versions), the guest (its files' paths relative to RELATIVE_TO, or as
+    given; INITRAMFS_SHA256: the initramfs's hash too; CMDLINE: its command
+    line as shown), RUN: more keys, then the guest's vCPUs and memory."""
+    manifest = guest_manifest(kernel)
+    _, kind, where, note = placement(rig_note, measures)
+
+    def shown(path):
+        return os.path.relpath(path, relative_to) if relative_to else path
+
+    env = {
+        "date_utc": utc_now(),
+        "where": where,
+        "note": note,
+        "kvm": kind,
+        "host_kernel": platform.release(),
+        "cpu_model": cpu_model(),
+        "cpus": os.cpu_count(),
+        **(machine or {}),
+        "python": platform.python_version(),
+        "hakoniwa_version": first_line([hakoniwa, "--version"]),
+        "hakoniwa_binary_sha256": sha256_file(hakoniwa),
+        "qemu_version": first_line([qemu, "--version"]) if qemu else None,
+        **(tools or {}),
+        "guest_kernel": shown(kernel),
+        "guest_kernel_version": bzimage_version(kernel),
+        "guest_kernel_package": manifest.get("kernel-package"),
+        "guest_initramfs": shown(initramfs),
+    }
+    if initramfs_sha256:
+        env["guest_initramfs_sha256"] = sha256_file(initramfs)
+    env.update({
+        "guest_busybox": manifest.get("busybox-static"),
+        "guest_cmdline": cmdline,
+        **(run or {}),
+        "vcpus": vcpus,
+        "memory_mib": memory_mib,
+    })
+    return env
