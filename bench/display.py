@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.console import Console, PROMPT_RE  # noqa: E402
 from lib.environment import in_rig  # noqa: E402
 from lib.hakoniwa import hk_ctl  # noqa: E402
+from lib.plots import pyplot  # noqa: E402
 from rfb_probe import RfbProbe  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -534,14 +535,8 @@ def reading(r):
 
 
 def plot(path, r):
-    # A font cache that lasts (hk_pyenv builds it on the host; in the rig,
-    # building it under TCG takes minutes).
-    os.environ.setdefault("MPLCONFIGDIR", os.path.join(ROOT, "build/pyenv/mplconfig"))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
     ax = axes.flat

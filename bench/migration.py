@@ -79,6 +79,7 @@ from lib.environment import (first_line, git_state, machine_memory_mib,  # noqa:
                              vmm_environment)
 from lib.hakoniwa import HkPair, api_get  # noqa: E402
 from lib.kvmtrace import KvmTrace, stuck_report  # noqa: E402
+from lib.plots import pyplot  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
 from lib.tables import md_table, text_table  # noqa: E402
 from lib.vmm import Proc, free_port  # noqa: E402
@@ -1345,12 +1346,8 @@ def reading(result):
 # ----------------------------------------------------------------- plot ----
 
 def plot(path, result):
-    os.environ.setdefault("MPLCONFIGDIR", os.path.join(ROOT, "build/pyenv/mplconfig"))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, axes = plt.subplots(3, 2, figsize=(15, 14))
     ax = axes.flat

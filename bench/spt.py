@@ -54,6 +54,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.console import Console, PROMPT_RE  # noqa: E402
 from lib.hakoniwa import hk_ctl  # noqa: E402
+from lib.plots import pyplot  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_RE = re.compile(rb"hk-sptbench procs=(\d+) mib=(\d+) passes=(\d+) seconds=([0-9.]+) "
@@ -316,14 +317,8 @@ def rel(value):
 
 
 def figure(path, result):
-    # A font cache that lasts (hk_pyenv builds it on the host; in the rig,
-    # building it under TCG takes minutes).
-    os.environ.setdefault("MPLCONFIGDIR", os.path.join(ROOT, "build/pyenv/mplconfig"))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     runs = [r for r in result["runs"] if r["ok"]]
     if not runs:
