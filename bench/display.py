@@ -30,16 +30,16 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lib.console import Console, PROMPT_RE  # noqa: E402
+from lib.console import PROMPT_RE  # noqa: E402
 from lib.environment import in_rig  # noqa: E402
 from lib.hakoniwa import hk_ctl  # noqa: E402
 from lib.plots import pyplot  # noqa: E402
+from lib.vmm import Proc  # noqa: E402
 from rfb_probe import RfbProbe  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,9 +95,8 @@ class Vm:
         argv = [args.hakoniwa, "run", "--cpus", "1", "--memory", "512M", "--api-socket",
                 self.socket, "--display",
                 "vnc=127.0.0.1:0,layout=%s,dirty=%s" % (layout, dirty), *extra]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
-        self.con = Console(self.proc)
+        self.vmm = Proc(argv, "hakoniwa")
+        self.proc, self.con = self.vmm.proc, self.vmm.con
         if not self.con.wait(PROMPT_RE, 0, args.timeout):
             raise RuntimeError("no prompt: " + self.con.tail())
         info = self.display()
@@ -107,8 +106,7 @@ class Vm:
     def display(self, *change):
         if self.proc.poll() is not None:
             raise RuntimeError("hakoniwa exited with status %s; console: %s; stderr: %s" % (
-                self.proc.returncode, self.con.tail(), self.proc.stderr.read().decode(
-                    "utf-8", "replace")[-600:]))
+                self.proc.returncode, self.con.tail(), self.vmm.stderr()[-600:]))
         return hk_ctl(self.args.hakoniwa, self.socket, "display", *change)
 
     def run(self, command, regex, seconds):
@@ -137,9 +135,7 @@ class Vm:
             self.proc.wait(30)
         except Exception:
             pass
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        self.vmm.kill()
 
 
 def window_figures(before, after):

@@ -52,9 +52,10 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lib.console import Console, PROMPT_RE  # noqa: E402
+from lib.console import PROMPT_RE  # noqa: E402
 from lib.hakoniwa import hk_ctl  # noqa: E402
 from lib.plots import pyplot  # noqa: E402
+from lib.vmm import Proc  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_RE = re.compile(rb"hk-sptbench procs=(\d+) mib=(\d+) passes=(\d+) seconds=([0-9.]+) "
@@ -119,9 +120,8 @@ def guest_run(args, label, budget, tmp, workload, limit, reps):
     rec = {"config": label, "budget_arg": budget, "ok": False,
            "workload": bench_cmd(args, workload)}
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    con = Console(proc)
+    vm = Proc(argv, "hakoniwa")
+    con = vm.con
     try:
         if not con.wait(PROMPT_RE, 0, args.timeout):
             rec["error"] = "no prompt: " + con.tail()
@@ -161,12 +161,10 @@ def guest_run(args, label, budget, tmp, workload, limit, reps):
         rec["vcpu_stats_delta"] = delta(after["vcpu_stats"], before["vcpu_stats"], VCPU_STATS)
         rec["ok"] = True
         con.send("poweroff\n")
-        proc.wait(30)
+        vm.proc.wait(30)
         return rec
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        vm.kill()
 
 
 def bar(value, top, width=40):
