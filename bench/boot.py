@@ -44,9 +44,7 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,10 +52,10 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.environment import vmm_environment  # noqa: E402
-from lib.console import PipeReader  # noqa: E402
 from lib.hugepages import HugePages, pages_for  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
 from lib.tables import cell, md_table, text_table  # noqa: E402
+from lib.vmm import Proc  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1 hk.bootmark"
@@ -72,6 +70,7 @@ RIG_NOTE = ("inside L1 under TCG with nested KVM; absolute times mean little, "
 DEFAULT_VMMS = ["hakoniwa", "hakoniwa-hugepages", "qemu-microvm", "qemu-pc"]
 MICROVM_MACHINE = "microvm,isa-serial=on,rtc=on"
 MIB = 1024 * 1024
+OUTPUT_LIMIT = 1 << 20  # console and stderr bytes kept per run (the rest is dropped)
 
 
 # ---------------------------------------------------------------- VMMs ----
@@ -120,42 +119,6 @@ def parse_vmms(items, microvm_machine):
     if len({v.name for v in vmms}) != len(vmms):
         sys.exit("boot.py: a VMM is listed twice")
     return vmms
-
-
-# ------------------------------------------------------------- console ----
-
-class Stream(PipeReader):
-    """Collects a pipe's bytes in a thread and timestamps the first match of
-    each watched pattern at the moment its bytes were read."""
-
-    LIMIT = 1 << 20  # keep at most this much output (the rest is dropped)
-
-    def __init__(self, fd, watch=()):
-        self.watch = {name: regex for name, regex in watch}
-        self.found = {}  # name -> (monotonic time, match)
-        super().__init__(fd, self.LIMIT)
-
-    def arrived(self, now):
-        for name, regex in self.watch.items():
-            if name not in self.found:
-                m = regex.search(self.buf)
-                if m:
-                    self.found[name] = (now, m)
-
-    def wait_found(self, name, deadline, alive):
-        """Waits until pattern NAME was seen; returns its (time, match), or
-        None at the deadline, at EOF, or when alive() turns false."""
-        with self.cond:
-            while name not in self.found:
-                left = deadline - time.monotonic()
-                if left <= 0 or self.eof or not alive():
-                    return None
-                self.cond.wait(min(left, 0.2))
-            return self.found[name]
-
-    def wait_regex(self, regex, start, deadline):
-        """Waits for REGEX in the output from offset START on."""
-        return self.wait_until(regex, start, deadline, lambda: self.eof)
 
 
 # ---------------------------------------------------------------- smaps ---
@@ -301,35 +264,14 @@ def kvm_stats(pid):
 
 # ------------------------------------------------------------ one run -----
 
-def stop(proc):
-    t = time.monotonic()
-    if proc.poll() is None:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            return proc.returncode, time.monotonic() - t, True
-    return proc.returncode, time.monotonic() - t, False
-
-
 def one_run(args, vmm, kernel, initrd, index, warmup=False):
     argv = vmm.argv(args, kernel, initrd)
     memory_bytes = args.memory_mib * MIB
     rec = {"vmm": vmm.name, "index": index, "warmup": warmup, "ok": False}
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, close_fds=True)
-    out = Stream(proc.stdout.fileno(), [("marker", MARKER_RE), ("prompt", PROMPT_RE)])
-    err = Stream(proc.stderr.fileno())
-
-    def alive():
-        return proc.poll() is None
-
+    vm = Proc(argv, vmm.name, limit=OUTPUT_LIMIT,
+              watch=[("marker", MARKER_RE), ("prompt", PROMPT_RE)])
+    proc, out, err, alive = vm.proc, vm.con, vm.err, vm.alive
     try:
         found = out.wait_found("marker", t0 + args.timeout, alive)
         if found is None:
@@ -362,7 +304,8 @@ def one_run(args, vmm, kernel, initrd, index, warmup=False):
             try:
                 proc.stdin.write(GUEST_TIME_CMD)
                 proc.stdin.flush()
-                m = out.wait_regex(GUEST_TIME_RE, start, time.monotonic() + 20)
+                m = out.wait_until(GUEST_TIME_RE, start, time.monotonic() + 20,
+                                   lambda: out.eof)
                 rec["guest_init_s"] = float(m.group(1)) if m else None
                 rec["guest_console_reply"] = out.text()[start:start + 400] if m else None
             except OSError:
@@ -370,7 +313,7 @@ def one_run(args, vmm, kernel, initrd, index, warmup=False):
         rec["ok"] = True
         return rec
     finally:
-        status, stop_s, killed = stop(proc)
+        status, stop_s, killed = vm.stop(5)
         rec["exit_status"] = status
         rec["stop_s"] = stop_s
         rec["killed"] = killed

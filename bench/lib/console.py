@@ -12,10 +12,14 @@ PROMPT_RE = re.compile(re.escape(PROMPT))
 
 class PipeReader:
     """A pipe's bytes, collected by a thread as they arrive (at most LIMIT
-    bytes: the rest is dropped; None: all)."""
+    bytes: the rest is dropped; None: all). WATCH: (name, regex) pairs;
+    the first match of each is kept in `found` with the time its last
+    bytes were read."""
 
-    def __init__(self, fd, limit=None):
+    def __init__(self, fd, limit=None, watch=()):
         self.fd, self.limit = fd, limit
+        self.watch = dict(watch)
+        self.found = {}  # name -> (monotonic time, match)
         self.buf = bytearray()
         self.eof = False
         self.cond = threading.Condition()
@@ -36,12 +40,23 @@ class PipeReader:
                     return
                 if self.limit is None or len(self.buf) < self.limit:
                     self.buf += data
-                self.arrived(now)
+                for name, regex in self.watch.items():
+                    if name not in self.found:
+                        m = regex.search(self.buf)
+                        if m:
+                            self.found[name] = (now, m)
                 self.cond.notify_all()
 
-    def arrived(self, now):
-        """After each read, with the lock held: for subclasses that look at
-        the bytes the moment they arrive."""
+    def wait_found(self, name, deadline, alive):
+        """Waits until watched pattern NAME was seen; its (time, match), or
+        None at the (monotonic) deadline, at EOF, or once alive() is false."""
+        with self.cond:
+            while name not in self.found:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.eof or not alive():
+                    return None
+                self.cond.wait(min(left, 0.2))
+            return self.found[name]
 
     def wait_until(self, regex, start, deadline, stopped):
         """The first match of REGEX from offset START on; None at the
@@ -71,9 +86,9 @@ class Console(PipeReader):
     """The guest console of a VMM process (its stdout); `wait` finds a regex
     in what arrived after a position."""
 
-    def __init__(self, proc):
+    def __init__(self, proc, limit=None, watch=()):
         self.proc = proc
-        super().__init__(proc.stdout.fileno())
+        super().__init__(proc.stdout.fileno(), limit, watch)
 
     def wait(self, regex, start, timeout):
         return self.wait_until(regex, start, time.monotonic() + timeout,

@@ -1,6 +1,7 @@
 """A VMM process (hakoniwa or QEMU) with its console and stderr, and a
 free TCP port for a migration."""
 
+import signal
 import socket
 import subprocess
 import time
@@ -9,15 +10,17 @@ from .console import Console, PipeReader
 
 
 class Proc:
-    """A VMM process: its console (stdout) and its stderr, both collected."""
+    """A VMM process: its console (stdout) and its stderr, both collected
+    (at most LIMIT bytes of each; WATCH: console patterns timestamped as
+    they arrive, PipeReader)."""
 
-    def __init__(self, argv, name):
+    def __init__(self, argv, name, limit=None, watch=()):
         self.name = name
         self.argv = argv
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, close_fds=True)
-        self.con = Console(self.proc)
-        self.err = PipeReader(self.proc.stderr.fileno())
+        self.con = Console(self.proc, limit, watch)
+        self.err = PipeReader(self.proc.stderr.fileno(), limit)
 
     def stderr(self):
         return self.err.text()
@@ -42,6 +45,24 @@ class Proc:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             pass
+
+    def stop(self, grace=5):
+        """SIGTERM, and SIGKILL after GRACE seconds: (exit status, seconds
+        it took, whether it was killed)."""
+        proc = self.proc
+        t = time.monotonic()
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                return proc.returncode, time.monotonic() - t, True
+        return proc.returncode, time.monotonic() - t, False
 
     def tails(self):
         return "console: %r; stderr: %r" % (self.con.tail(400), self.stderr()[-600:])
