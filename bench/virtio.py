@@ -56,7 +56,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -70,6 +69,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.environment import in_rig, vmm_environment  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
 from lib.tables import cell, md_table, text_table  # noqa: E402
+from lib.vmm import run_to_end  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
@@ -119,54 +119,6 @@ def guest_status(vmm, status):
         return status
     # QEMU's isa-debug-exit: (N << 1) | 1; anything else is no guest status.
     return status >> 1 if status is not None and status > 0 and status & 1 else None
-
-
-def run_vm(argv, timeout, stalled=None):
-    """Runs a VM to its end; returns a dict with status, output, times and
-    the VMM's CPU time (user + system, all threads). STALLED, if given, is
-    polled: a true value (a reason) stops the VM early."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, close_fds=True)
-    out, err = [], []
-    readers = [threading.Thread(target=lambda f, b: b.append(f.read()), args=(f, b),
-                                daemon=True)
-               for f, b in ((proc.stdout, out), (proc.stderr, err))]
-    for t in readers:
-        t.start()
-    deadline = t0 + timeout
-    timed_out = False
-    stall = None
-    rusage = None
-    while True:
-        pid, wstatus, rusage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if not timed_out and stalled and not stall:
-            stall = stalled()
-            if stall:
-                deadline = 0
-        if time.monotonic() > deadline and not timed_out:
-            timed_out = True
-            proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 5
-        elif timed_out and time.monotonic() > deadline:
-            proc.kill()
-            deadline = float("inf")
-        time.sleep(0.05)
-    wall = time.monotonic() - t0
-    proc.returncode = os.waitstatus_to_exitcode(wstatus)
-    for t in readers:
-        t.join(5)
-    return {
-        "status": proc.returncode,
-        "timed_out": timed_out,
-        "stalled": stall,
-        "wall_s": wall,
-        "vmm_cpu_s": rusage.ru_utime + rusage.ru_stime,
-        "stdout": (out[0] if out else b"").decode("utf-8", "replace"),
-        "stderr": (err[0] if err else b"").decode("utf-8", "replace"),
-    }
 
 
 def parse_figures(text):
@@ -360,7 +312,7 @@ def block_run(args, vmm, mode, kernel, initrd, image, rand_md5, rnd):
     rec = {"kind": "block", "vmm": vmm, "cache": mode, "round": rnd, "ok": False}
     rec["page_cache_dropped"] = drop_caches()
     argv = vmm_argv(args, vmm, kernel, initrd, block_cmd(args), disk=(image, mode))
-    vm = run_vm(argv, args.timeout)
+    vm = run_to_end(argv, vmm, args.timeout)
     rec.update({k: vm[k] for k in ("status", "timed_out", "wall_s", "vmm_cpu_s")})
     figs = parse_figures(vm["stdout"])
     rec["figures"] = figs
@@ -420,7 +372,7 @@ def net_run(args, vmm, kernel, initrd, rnd, serial):
                 if why:
                     return "%s: %s" % (name, why)
             return None
-        vm = run_vm(argv, args.timeout, stalled)
+        vm = run_to_end(argv, vmm, args.timeout, stalled)
     except (OSError, subprocess.CalledProcessError) as e:
         rec.update({"error": "host side: %s" % e, "stdout_tail": "", "stderr_tail": "",
                     "argv": argv})
