@@ -16,7 +16,7 @@ experiments on hakoniwa's virtual display, in one rig run.
 3. Beyond the paper — refresh=timer vs refresh=event: latency from the
    guest's drawing to a client's update after an idle stretch.
 
-A client is connected throughout (bench/rfb_probe.py, Raw encoding) so
+A client is connected throughout (bench/lib/rfb_probe.py, Raw encoding) so
 updates are really encoded and sent. The paper measures 10 s in the middle
 of 20 s runs; so does this script (--seconds / --window to change).
 
@@ -39,8 +39,8 @@ from lib.console import PROMPT_RE  # noqa: E402
 from lib.environment import in_rig  # noqa: E402
 from lib.hakoniwa import hk_ctl  # noqa: E402
 from lib.plots import pyplot  # noqa: E402
+from lib.rfb_probe import RfbProbe  # noqa: E402
 from lib.vmm import Proc  # noqa: E402
-from rfb_probe import RfbProbe  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATTERNS = ["rect", "circle", "text", "scroll"]
