@@ -77,7 +77,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.console import PROMPT_RE, shell  # noqa: E402
 from lib.environment import (first_line, git_state, machine_memory_mib,  # noqa: E402
                              vmm_environment)
-from lib.hakoniwa import HkPair, api_get  # noqa: E402
+from lib.hakoniwa import HkPair, api_get, trim_report  # noqa: E402
 from lib.kvmtrace import KvmTrace, stuck_report  # noqa: E402
 from lib.plots import pyplot  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
@@ -300,13 +300,6 @@ class LinkDelay:
 def row_label(async_pf, background, delay_ms):
     label = "async PF %s, background %s" % (async_pf, background)
     return label + (", link +%d ms" % delay_ms if delay_ms else "")
-
-
-def trim_report(r):
-    """A migration report without its long per-100 ms list (kept apart)."""
-    if not r:
-        return None
-    return {k: v for k, v in r.items() if k != "run_fraction"}
 
 
 # ---------------------------------------------------------------- touch ----

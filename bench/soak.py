@@ -71,7 +71,7 @@ from lib.console import PROMPT_RE, shell  # noqa: E402
 from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E402
                              git_state, guest_manifest, machine_memory_mib, placement,
                              sha256_file, utc_now)
-from lib.hakoniwa import HkPair, api_get, hk_ctl  # noqa: E402
+from lib.hakoniwa import HkPair, api_get, hk_ctl, trim_report  # noqa: E402
 from lib.kvmtrace import KvmTrace, fold_repeats, stuck_report  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
 from lib.rigfaults import read_evidence, signature  # noqa: E402
@@ -307,11 +307,6 @@ def guest_shell(proc, command, timeout):
                 proc.name, proc.proc.returncode, command)) from None
         raise Failure("hang", "%s: the guest shell did not answer `%s` within %d s" % (
             proc.name, command, timeout)) from None
-
-
-def trim_report(r):
-    """A hakoniwa report without its per-100 ms list."""
-    return {k: v for k, v in r.items() if k != "run_fraction"} if r else None
 
 
 # ------------------------------------------------------------- hakoniwa ----

@@ -21,6 +21,14 @@ def hk_ctl(hakoniwa, sock, *cmd, timeout=60):
     return json.loads(out.stdout) if out.stdout.strip().startswith("{") else out.stdout
 
 
+def trim_report(r):
+    """A migration report (vm.migration) without its long per-100 ms
+    run_fraction list; None for none."""
+    if not r:
+        return None
+    return {k: v for k, v in r.items() if k != "run_fraction"}
+
+
 def api_get(sock, path, timeout=10):
     """GET /api/v1/PATH on a hakoniwa API socket: the JSON answer, or None."""
     try:
