@@ -54,7 +54,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.environment import vmm_environment  # noqa: E402
 from lib.hugepages import HugePages, pages_for  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
-from lib.tables import cell, md_table, text_table  # noqa: E402
+from lib.tables import (cell, fmt_range, fmt_ratio, md_table, stats,  # noqa: E402
+                        text_table)
 from lib.vmm import Proc  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -351,13 +352,12 @@ def summarize(vmms, runs):
                     "rss_total_kib", "guest_ram_rss_kib", "pss_excl_guest_kib"):
             vals = [r[key] for r in ok if r.get(key) is not None]
             if vals:
-                s[key] = {"median": statistics.median(vals), "min": min(vals),
-                          "max": max(vals), "n": len(vals)}
-        stats = {}
+                s[key] = stats(vals)
+        counters = {}
         for r in ok:
             for k, n in (r.get("kvm_stats") or {}).items():
-                stats.setdefault(k, []).append(n)
-        s["kvm_stats_median"] = {k: statistics.median(v) for k, v in stats.items()}
+                counters.setdefault(k, []).append(n)
+        s["kvm_stats_median"] = {k: statistics.median(v) for k, v in counters.items()}
         cats = {}
         for r in ok:
             for c in r.get("breakdown_kib", {}):
@@ -380,19 +380,12 @@ def summarize(vmms, runs):
 
 
 def fmt_s(d):
-    if not d:
-        return "-"
-    return "%.3f (%.3f-%.3f)" % (d["median"], d["min"], d["max"])
+    return fmt_range(d, "%.3f")
 
 
 def fmt_mib(d):
-    if not d:
-        return "-"
-    return "%.1f (%.1f-%.1f)" % (d["median"] / 1024, d["min"] / 1024, d["max"] / 1024)
-
-
-def fmt_ratio(x):
-    return "-" if x is None else "%.2f" % x
+    """KiB as MiB."""
+    return fmt_range(d, "%.1f", 1024)
 
 
 def tables(vmms, summary, ratios):

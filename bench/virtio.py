@@ -57,7 +57,6 @@ import os
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,7 +67,8 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.environment import in_rig, vmm_environment  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
-from lib.tables import cell, md_table, text_table  # noqa: E402
+from lib.tables import (cell, fmt_range, fmt_ratio, md_table, stats,  # noqa: E402
+                        text_table)
 from lib.vmm import run_to_end  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -411,13 +411,6 @@ def net_run(args, vmm, kernel, initrd, rnd, serial):
 
 # ------------------------------------------------------------- summary ----
 
-def stats(vals):
-    if not vals:
-        return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
-            "n": len(vals)}
-
-
 def block_metrics(args):
     m = [("randread_iops_qd%d" % q, "4 KiB random read, QD %d, IOPS" % q) for q in args.qd]
     return m + [("seqread_mbps", "1 MiB sequential read, MB/s"),
@@ -465,17 +458,6 @@ def summarize(args, runs):
     return summary, ratios
 
 
-def fmt(d, digits=0):
-    if not d:
-        return "-"
-    f = "%%.%df" % digits
-    return (f + " (" + f + "-" + f + ")") % (d["median"], d["min"], d["max"])
-
-
-def fmt_ratio(x):
-    return "-" if x is None else "%.2f" % x
-
-
 def tables(args, summary, ratios):
     names = {"hakoniwa": "hakoniwa", "qemu": "QEMU"}
     head = ["cache", "measure"] + [names[v] for v in args.vmms]
@@ -484,8 +466,8 @@ def tables(args, summary, ratios):
     block = [head]
     for mode in summary["block"]:
         for key, label in block_metrics(args):
-            digits = 0 if "iops" in key else 1
-            row = [mode, label] + [fmt(summary["block"][mode][v][key], digits)
+            f = "%.0f" if "iops" in key else "%.1f"
+            row = [mode, label] + [fmt_range(summary["block"][mode][v][key], f)
                                    for v in args.vmms]
             if len(args.vmms) == 2:
                 row.append(fmt_ratio(ratios["block"].get(mode, {}).get(key)))
@@ -495,7 +477,7 @@ def tables(args, summary, ratios):
     net = [["direction"] + [names[v] for v in args.vmms]
            + (["hakoniwa / QEMU"] if len(args.vmms) == 2 else [])]
     for key, label in NET_METRICS:
-        row = [label] + [fmt(summary["net"][v][key], 1) for v in args.vmms
+        row = [label] + [fmt_range(summary["net"][v][key], "%.1f") for v in args.vmms
                          if v in summary["net"]]
         if len(args.vmms) == 2:
             row.append(fmt_ratio(ratios["net"].get(key)))

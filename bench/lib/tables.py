@@ -1,5 +1,8 @@
 """Tables of rows (lists of cells, the first row the header) as plain text
-for the terminal and as Markdown for bench/results/."""
+for the terminal and as Markdown for bench/results/, and the cells of
+summaries: median (min-max) and ratios."""
+
+import statistics
 
 
 def text_table(rows):
@@ -22,3 +25,24 @@ def md_table(rows):
            "|" + "|".join("---" for _ in rows[0]) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows[1:]]
     return "\n".join(out)
+
+
+def stats(vals):
+    """{"median", "min", "max", "n"} of the numbers VALS; None for none."""
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
+            "n": len(vals)}
+
+
+def fmt_range(d, fmt, div=1):
+    """A `stats` dict as "median (min-max)", each divided by DIV and
+    formatted with FMT ("%.1f"); "-" for none."""
+    if not d:
+        return "-"
+    return (fmt + " (" + fmt + "-" + fmt + ")") % (d["median"] / div, d["min"] / div,
+                                                   d["max"] / div)
+
+
+def fmt_ratio(x):
+    return "-" if x is None else "%.2f" % x
