@@ -302,6 +302,29 @@ def row_label(async_pf, background, delay_ms):
     return label + (", link +%d ms" % delay_ms if delay_ms else "")
 
 
+def row_failed(rec, e, pair=None):
+    """Records and logs why a row failed; with PAIR, what its VMMs said
+    too (a guest that triple-faulted ends its VMM)."""
+    rec["error"] = str(e)[:3000]
+    for side in ("src", "dst"):
+        p = getattr(pair, side, None) if pair else None
+        if p:
+            rec["error"] += "\n%s: %s" % (p.name, p.tails())
+    log("  FAILED:", rec["error"][:600])
+
+
+def end_row(delay, samplers, vms):
+    """A touch or web row's cleanup, whatever it got to: the link delay
+    off, the samplers stopped, the VMMs (and the bridge) closed."""
+    delay.stop()
+    for x in samplers:
+        if x:
+            x.stop()
+    for x in vms:
+        if x:
+            x.close()
+
+
 # ---------------------------------------------------------------- touch ----
 
 MEMTOUCH_DONE = re.compile(rb"hk-memtouch: done threads=(\d+) mib=(\d+) stride=(\d+) "
@@ -449,15 +472,9 @@ def touch_row(args, async_pf, background, with_baseline, delay_ms=0):
                 rec["run_fraction_hk_mean"], f.get("major"), f.get("minor"), f.get("double"),
                 f.get("vcpu"), f.get("async_worker")))
     except Exception as e:  # noqa: BLE001 - a failed row is recorded, the run goes on
-        rec["error"] = str(e)[:3000]
-        log("  FAILED:", rec["error"][:600])
+        row_failed(rec, e)
     finally:
-        delay.stop()
-        for x in (sampler, poller):
-            if x:
-                x.stop()
-        if pair:
-            pair.close()
+        end_row(delay, (sampler, poller), (pair,))
     return rec
 
 
@@ -699,24 +716,11 @@ def web_row(args, async_pf, background, serial, delay_ms=0):
             "%s s, +25 s %s s; guest fraction %s" % (
                 len(reqs), after_ok, before[0], peak[1], plus25[0], g))
     except Exception as e:  # noqa: BLE001
-        rec["error"] = str(e)[:3000]
-        # What the VMMs said (a guest that triple-faulted ends its VMM).
-        for side in ("src", "dst"):
-            p = getattr(pair, side, None) if pair else None
-            if p:
-                rec["error"] += "\n%s: %s" % (p.name, p.tails())
-        log("  FAILED:", rec["error"][:600])
+        row_failed(rec, e, pair)
         if siege and siege.proc.poll() is None:
             siege.proc.kill()
     finally:
-        delay.stop()
-        for x in (sampler, poller):
-            if x:
-                x.stop()
-        if pair:
-            pair.close()
-        if br:
-            br.close()
+        end_row(delay, (sampler, poller), (pair, br))
     return rec
 
 
@@ -817,8 +821,7 @@ def hk_mode_row(args, workload, mode, serial):
             (rec["bytes"] or 0) / MIB, rec["rounds"],
             (", switched: " + rec["switch_reason"]) if rec["switch_reason"] else ""))
     except Exception as e:  # noqa: BLE001
-        rec["error"] = str(e)[:3000]
-        log("  FAILED:", rec["error"][:600])
+        row_failed(rec, e)
     finally:
         if pair:
             pair.close()
@@ -922,8 +925,7 @@ def qemu_mode_row(args, workload, mode, serial):
             rec["downtime_ms"], (rec["total_ms"] or 0) / 1000, (rec["bytes"] or 0) / MIB,
             rec["rounds"]))
     except Exception as e:  # noqa: BLE001
-        rec["error"] = str(e)[:3000]
-        log("  FAILED:", rec["error"][:600])
+        row_failed(rec, e)
     finally:
         for q in (qs, qd):
             if q:
