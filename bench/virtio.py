@@ -139,6 +139,15 @@ def parse_figures(text):
     return figs
 
 
+def failed(rec, err, vm, argv):
+    """REC, a failed run: why, the ends of the VM's output, its argv."""
+    rec["error"] = err
+    rec["stdout_tail"] = vm["stdout"][-3000:]
+    rec["stderr_tail"] = vm["stderr"][-3000:]
+    rec["argv"] = argv
+    return rec
+
+
 def vm_error(vmm, vm):
     if vm.get("stalled"):
         return "stalled: %s (VMM stopped)" % vm["stalled"]
@@ -332,11 +341,7 @@ def block_run(args, vmm, mode, kernel, initrd, image, rand_md5, rnd):
             err = "data check: the guest read back %s after seqwrite, the image " \
                   "holds %s" % (checks.get("seq"), host_seq)
     if err:
-        rec["error"] = err
-        rec["stdout_tail"] = vm["stdout"][-3000:]
-        rec["stderr_tail"] = vm["stderr"][-3000:]
-        rec["argv"] = argv
-        return rec
+        return failed(rec, err, vm, argv)
     for q in args.qd:
         rec["randread_iops_qd%d" % q] = figs["randread@%d" % q]["iops"]
     rec["seqread_mbps"] = figs["seqread"]["mbps"]
@@ -396,11 +401,7 @@ def net_run(args, vmm, kernel, initrd, rnd, serial):
         err = "the guest received %s bytes, %d sent" % (
             figs.get("tcprecv", {}).get("bytes"), nbytes)
     if err:
-        rec["error"] = err
-        rec["stdout_tail"] = vm["stdout"][-3000:]
-        rec["stderr_tail"] = vm["stderr"][-3000:]
-        rec["argv"] = argv
-        return rec
+        return failed(rec, err, vm, argv)
     rec["g2h_mbps"] = g2h.result["mbps"]
     rec["h2g_mbps"] = h2g.result["mbps"]
     rec["g2h_mbps_guest"] = figs["tcpsend"]["mbps"]
