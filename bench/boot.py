@@ -53,6 +53,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.environment import vmm_environment  # noqa: E402
 from lib.hugepages import HugePages, pages_for  # noqa: E402
+from lib.options import add_path_options  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
 from lib.tables import (cell, fmt_range, fmt_ratio, md_table, stats,  # noqa: E402
                         text_table)
@@ -550,10 +551,7 @@ def main():
                         "(QEMU's -M value) (default: %s)" % " ".join(DEFAULT_VMMS))
     p.add_argument("--microvm-machine", default=MICROVM_MACHINE,
                    help="QEMU -M value for qemu-microvm (default %s)" % MICROVM_MACHINE)
-    p.add_argument("--kernel", default=os.path.join(ROOT, "build/guest/vmlinuz"))
-    p.add_argument("--initramfs", default=os.path.join(ROOT, "build/guest/initramfs.cpio.gz"))
-    p.add_argument("--hakoniwa", default=os.path.join(ROOT, "target/release/hakoniwa"))
-    p.add_argument("--qemu", default="qemu-system-x86_64")
+    add_path_options(p, "kernel", "initramfs", "hakoniwa", "qemu")
     p.add_argument("--memory-mib", type=int, default=512)
     p.add_argument("--timeout", type=float, default=120,
                    help="seconds a run may take to reach the marker (default 120)")

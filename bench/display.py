@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.console import PROMPT_RE  # noqa: E402
 from lib.environment import in_rig  # noqa: E402
 from lib.hakoniwa import hk_ctl  # noqa: E402
+from lib.options import add_path_options  # noqa: E402
 from lib.plots import pyplot  # noqa: E402
 from lib.rfb_probe import RfbProbe  # noqa: E402
 from lib.vmm import Proc  # noqa: E402
@@ -633,7 +634,7 @@ def plot(path, r):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hakoniwa", default=os.path.join(ROOT, "target/release/hakoniwa"))
+    add_path_options(p, "hakoniwa")
     p.add_argument("--seconds", type=int, default=20)
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--idle", type=float, default=4.0)

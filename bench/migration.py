@@ -79,6 +79,7 @@ from lib.environment import (first_line, git_state, machine_memory_mib,  # noqa:
                              vmm_environment)
 from lib.hakoniwa import HkPair, api_get, trim_report  # noqa: E402
 from lib.kvmtrace import KvmTrace, stuck_report  # noqa: E402
+from lib.options import add_path_options  # noqa: E402
 from lib.plots import pyplot  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
 from lib.tables import md_table, text_table  # noqa: E402
@@ -1517,10 +1518,7 @@ def main():
     p.add_argument("--qemu-precopy-timeout", type=float, default=120)
     p.add_argument("--row-timeout", type=float, default=900)
     p.add_argument("--boot-timeout", type=float, default=180)
-    p.add_argument("--kernel", default=os.path.join(ROOT, "build/guest/vmlinuz"))
-    p.add_argument("--initramfs", default=os.path.join(ROOT, "build/guest/initramfs.cpio.gz"))
-    p.add_argument("--hakoniwa", default=os.path.join(ROOT, "target/release/hakoniwa"))
-    p.add_argument("--qemu", default="qemu-system-x86_64")
+    add_path_options(p, "kernel", "initramfs", "hakoniwa", "qemu")
     p.add_argument("--siege", default="siege")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     p.add_argument("--replot", metavar="JSON",

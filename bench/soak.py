@@ -73,6 +73,7 @@ from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E4
                              sha256_file, utc_now)
 from lib.hakoniwa import HkPair, api_get, hk_ctl, trim_report  # noqa: E402
 from lib.kvmtrace import KvmTrace, fold_repeats, stuck_report  # noqa: E402
+from lib.options import add_path_options  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
 from lib.rigfaults import read_evidence, signature  # noqa: E402
 from lib.tables import md_table  # noqa: E402
@@ -1729,10 +1730,7 @@ def main():
                    help="run in the test rig's L1s (scripts/migration-soak decides)")
     p.add_argument("--report", metavar="JSON",
                    help="rebuild migration-soak.md from JSON; run nothing")
-    p.add_argument("--hakoniwa", default=os.path.join(ROOT, "target/release/hakoniwa"))
-    p.add_argument("--kernel", default=os.path.join(ROOT, "build/guest/vmlinuz"))
-    p.add_argument("--initramfs", default=os.path.join(ROOT, "build/guest/initramfs.cpio.gz"))
-    p.add_argument("--qemu", default="qemu-system-x86_64")
+    add_path_options(p, "hakoniwa", "kernel", "initramfs", "qemu")
     p.add_argument("--name", default=PROG,
                    help="a soak of its own: state in build/soak-NAME/, results in "
                    "bench/results/NAME.{json,md} (default %s)" % PROG)

@@ -66,6 +66,7 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.environment import in_rig, vmm_environment  # noqa: E402
+from lib.options import add_path_options  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
 from lib.tables import (cell, fmt_range, fmt_ratio, md_table, stats,  # noqa: E402
                         text_table)
@@ -658,10 +659,7 @@ def main():
                    help="seconds one VM may run (default 300)")
     p.add_argument("--workdir", default="/tmp",
                    help="where the image goes; must allow O_DIRECT (default /tmp)")
-    p.add_argument("--kernel", default=os.path.join(ROOT, "build/guest/vmlinuz"))
-    p.add_argument("--initramfs", default=os.path.join(ROOT, "build/guest/initramfs.cpio.gz"))
-    p.add_argument("--hakoniwa", default=os.path.join(ROOT, "target/release/hakoniwa"))
-    p.add_argument("--qemu", default="qemu-system-x86_64")
+    add_path_options(p, "kernel", "initramfs", "hakoniwa", "qemu")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"),
                    help="directory for virtio.json and virtio.md")
     args = p.parse_args()
