@@ -39,7 +39,7 @@ from lib.console import PROMPT_RE  # noqa: E402
 from lib.environment import in_rig  # noqa: E402
 from lib.hakoniwa import hk_ctl  # noqa: E402
 from lib.options import add_path_options  # noqa: E402
-from lib.plots import pyplot  # noqa: E402
+from lib.plots import panels, save_figure  # noqa: E402
 from lib.rfb_probe import RfbProbe  # noqa: E402
 from lib.vmm import Proc  # noqa: E402
 
@@ -532,11 +532,9 @@ def reading(r):
 
 
 def plot(path, r):
-    plt = pyplot()
-    if plt is None:
+    fig, ax = panels(2, 3, (17, 9.5))
+    if fig is None:
         return None
-    fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
-    ax = axes.flat
     x = list(range(len(PATTERNS)))
     w = 0.2
     t2 = r["table2"]
@@ -626,9 +624,7 @@ def plot(path, r):
     ax[5].legend(fontsize=7)
     fig.suptitle("hakoniwa display benchmark (seed 000), %s, %s" % (r["date"], r["note"]),
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, 90)
     return path
 
 

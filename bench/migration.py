@@ -80,7 +80,7 @@ from lib.environment import (first_line, git_state, machine_memory_mib,  # noqa:
 from lib.hakoniwa import HkPair, api_get, trim_report  # noqa: E402
 from lib.kvmtrace import KvmTrace, stuck_report  # noqa: E402
 from lib.options import add_path_options  # noqa: E402
-from lib.plots import pyplot  # noqa: E402
+from lib.plots import panels, save_figure  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
 from lib.tables import md_table, text_table  # noqa: E402
 from lib.vmm import Proc, free_port  # noqa: E402
@@ -1342,11 +1342,9 @@ def reading(result):
 # ----------------------------------------------------------------- plot ----
 
 def plot(path, result):
-    plt = pyplot()
-    if plt is None:
+    fig, ax = panels(3, 2, (15, 14))
+    if fig is None:
         return None
-    fig, axes = plt.subplots(3, 2, figsize=(15, 14))
-    ax = axes.flat
     colors = {("on", "off", False): "C0", ("off", "off", False): "C3",
               ("on", "on", False): "C2", ("off", "on", False): "C1",
               ("on", "off", True): "C9", ("off", "off", True): "C6",
@@ -1463,9 +1461,7 @@ def plot(path, result):
         ax[5].set_ylabel("seconds (blue hakoniwa, orange QEMU)")
         ax[5].set_title("precopy / postcopy / hybrid: total (solid) and downtime (hatched)")
         ax[5].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, 90)
     return path
 
 

@@ -54,7 +54,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.console import PROMPT_RE  # noqa: E402
 from lib.hakoniwa import hk_ctl  # noqa: E402
-from lib.plots import pyplot  # noqa: E402
+from lib.plots import panels, save_figure  # noqa: E402
 from lib.vmm import Proc  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -315,14 +315,13 @@ def rel(value):
 
 
 def figure(path, result):
-    plt = pyplot()
-    if plt is None:
-        return False
     runs = [r for r in result["runs"] if r["ok"]]
     if not runs:
         return False
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.2),
-                                  gridspec_kw={"width_ratios": [3, 2]})
+    fig, axes = panels(1, 2, (12, 5.2), gridspec_kw={"width_ratios": [3, 2]})
+    if fig is None:
+        return False
+    ax, ax2 = axes
     # Throughput: ours in order, the paper's beside the rows they match.
     names, values, colors = [], [], []
     for r in runs:
@@ -371,9 +370,7 @@ def figure(path, result):
     ax2.set_title("budget (KVM_GET_NR_MMU_PAGES) at the end of each run\n"
                   "guest %d MiB" % result["memory_mib"], fontsize=9)
     ax2.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, 110)
     return True
 
 

@@ -6,3 +6,8 @@ argv and QMP (qemu), KVM's trace events and where a stuck VM is
 environment section (environment) and tables (tables).
 
 The scripts put bench/ on sys.path and import `lib.console` and so on."""
+
+import os
+
+# The tree's root: bench/lib/ is two levels below it.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -4,7 +4,7 @@ QEMU."""
 
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from . import ROOT
 
 PATHS = {
     "kernel": os.path.join(ROOT, "build/guest/vmlinuz"),

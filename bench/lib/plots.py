@@ -4,7 +4,7 @@ the scripts write their tables without it."""
 
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from . import ROOT
 
 
 def pyplot():
@@ -21,3 +21,22 @@ def pyplot():
     except ImportError:
         return None
     return plt
+
+
+def panels(rows, cols, figsize, **kwargs):
+    """A figure of ROWS x COLS plots: (the figure, its axes in reading
+    order), or (None, None) when matplotlib is not importable. KWARGS go
+    to pyplot.subplots."""
+    plt = pyplot()
+    if plt is None:
+        return None, None
+    fig, axes = plt.subplots(rows, cols, figsize=figsize, **kwargs)
+    return fig, axes.flat
+
+
+def save_figure(fig, path, dpi):
+    """Lays FIG out, writes it to PATH (a PNG of DPI dots per inch) and
+    lets it go."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
