@@ -55,8 +55,8 @@ from lib.environment import vmm_environment  # noqa: E402
 from lib.hugepages import HugePages, pages_for  # noqa: E402
 from lib.options import add_path_options  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
-from lib.tables import (cell, fmt_range, fmt_ratio, md_table, stats,  # noqa: E402
-                        text_table)
+from lib.tables import (cell, fmt_range, fmt_ratio, md_context, md_table,  # noqa: E402
+                        stats, text_table)
 from lib.vmm import Proc  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -418,15 +418,11 @@ def write_markdown(path, result, vmms):
     L.append("Run on %s (%s); reproduce with `%s`." % (env["date_utc"], env["where"],
                                                        result["command"]))
     L.append("")
-    L.append("**Context: %s.**" % env["note"])
-    L.append("")
-    if env["where"] == "rig":
-        L.append("In the rig, L1's user space, and so each VMM process itself, runs under "
-                 "TCG, and every guest exit that reaches a VMM's user space is very "
-                 "expensive. Both inflate VMM start-up work and user-space device traffic "
-                 "far beyond their native cost, so these ratios overstate differences that "
-                 "come from the VMMs' own user-space work.")
-        L.append("")
+    L += md_context(env, "In the rig, L1's user space, and so each VMM process itself, runs "
+                    "under TCG, and every guest exit that reaches a VMM's user space is very "
+                    "expensive. Both inflate VMM start-up work and user-space device traffic "
+                    "far beyond their native cost, so these ratios overstate differences "
+                    "that come from the VMMs' own user-space work.")
     L.append("Same guest for every VMM: kernel %s (`%s`), initramfs `%s`, "
              "1 vCPU, %d MiB, command line `%s`. %d measured runs per VMM, "
              "round-robin, after %d warm-up round(s) that are not counted."

@@ -27,6 +27,16 @@ def md_table(rows):
     return "\n".join(out)
 
 
+def md_context(env, in_rig):
+    """Markdown lines that say where the figures come from: the note of
+    the environment section ENV, and in the rig IN_RIG, what the rig does
+    to them."""
+    lines = ["**Context: %s.**" % env["note"], ""]
+    if env["where"] == "rig":
+        lines += [in_rig, ""]
+    return lines
+
+
 def stats(vals):
     """{"median", "min", "max", "n"} of the numbers VALS; None for none."""
     if not vals:
