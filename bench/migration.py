@@ -79,6 +79,8 @@ from lib.environment import (first_line, git_state, machine_memory_mib,  # noqa:
                              vmm_environment)
 from lib.hakoniwa import HkPair, api_get, trim_report  # noqa: E402
 from lib.kvmtrace import KvmTrace, stuck_report  # noqa: E402
+from lib.memtouch import (DIRTY_DONE, DIRTY_READY, TOUCH_DONE,  # noqa: E402
+                          TOUCH_GUEST, TOUCH_READY, TOUCH_THREAD)
 from lib.options import add_path_options  # noqa: E402
 from lib.plots import panels, save_figure  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
@@ -328,15 +330,6 @@ def end_row(delay, samplers, vms):
 
 # ---------------------------------------------------------------- touch ----
 
-MEMTOUCH_DONE = re.compile(rb"hk-memtouch: done threads=(\d+) mib=(\d+) stride=(\d+) "
-                           rb"max=([0-9.]+) mean=([0-9.]+) check=(\w+)\r?\n")
-MEMTOUCH_THREAD = re.compile(rb"thread (\d+) seconds=([0-9.]+) start=([0-9.]+) check=(\w+) "
-                             rb"marks=([0-9.,]+)\r?\n")
-MEMTOUCH_READY = re.compile(rb"hk-memtouch: ready threads=\d+ mib=\d+\r?\n")
-MEMTOUCH_GUEST = re.compile(rb"hk-memtouch: guest ctxt=(-?\d+) hyp_irqs=(-?\d+) "
-                            rb"timer_irqs=(-?\d+)\r?\n")
-
-
 def memtouch_cmd(args, go_at_once=False):
     return "hk-memtouch -t %d -m %d -s %d -P %d%s" % (
         args.touch_threads, args.touch_mib, args.touch_stride, args.touch_marks,
@@ -345,12 +338,12 @@ def memtouch_cmd(args, go_at_once=False):
 
 def parse_memtouch(buf, start):
     text = bytes(buf[start:])
-    done = MEMTOUCH_DONE.search(text)
+    done = TOUCH_DONE.search(text)
     threads = [{"thread": int(m.group(1)), "seconds": float(m.group(2)),
                 "start_s": float(m.group(3)), "check": m.group(4).decode(),
                 "marks": [float(x) for x in m.group(5).decode().split(",")]}
-               for m in MEMTOUCH_THREAD.finditer(text)]
-    g = MEMTOUCH_GUEST.search(text)
+               for m in TOUCH_THREAD.finditer(text)]
+    g = TOUCH_GUEST.search(text)
     guest = ({"ctxt": int(g.group(1)), "apf_ready_irqs": int(g.group(2)),
               "timer_irqs": int(g.group(3))} if g else None)
     return done, threads, guest
@@ -362,9 +355,9 @@ def touch_baseline(args, pair):
     start = con.size()
     t = time.monotonic()
     con.send(memtouch_cmd(args, go_at_once=True) + "\n")
-    ready = con.wait(MEMTOUCH_READY, start, args.row_timeout)
+    ready = con.wait(TOUCH_READY, start, args.row_timeout)
     t_ready = time.monotonic()
-    m = con.wait(MEMTOUCH_DONE, start, args.row_timeout)
+    m = con.wait(TOUCH_DONE, start, args.row_timeout)
     if not m:
         raise RuntimeError("baseline touch did not finish: " + pair.src.tails())
     con.wait(PROMPT_RE, m.end(), 30)
@@ -393,7 +386,7 @@ def touch_row(args, async_pf, background, with_baseline, delay_ms=0):
         start = con.size()
         t = time.monotonic()
         con.send(memtouch_cmd(args) + "\n")
-        if not con.wait(MEMTOUCH_READY, start, args.row_timeout):
+        if not con.wait(TOUCH_READY, start, args.row_timeout):
             raise RuntimeError("hk-memtouch not ready: " + pair.src.tails())
         rec["fill_s"] = round(time.monotonic() - t, 1)
         pair.start_destination()
@@ -413,7 +406,7 @@ def touch_row(args, async_pf, background, with_baseline, delay_ms=0):
         t_go = time.monotonic()
         sampler = VcpuSampler(pair.dst.proc.pid)
         poller = ReportPoller(pair.dst_sock, t_go)
-        m = pair.dst.con.wait(MEMTOUCH_DONE, 0, args.row_timeout)
+        m = pair.dst.con.wait(TOUCH_DONE, 0, args.row_timeout)
         t_done = time.monotonic()
         if ktrace and m:
             ktrace.stop()
@@ -737,11 +730,6 @@ def part_web(args):
 
 
 # ---------------------------------------------------------------- modes ----
-
-DIRTY_DONE = re.compile(rb"hk-memtouch: dirtied pages=(\d+) seconds=([0-9.]+) "
-                        rb"pages_per_s=(\d+)\r?\n")
-DIRTY_READY = re.compile(rb"hk-memtouch: ready dirty mib=\d+\r?\n")
-
 
 def workload_cmd(args, workload):
     if workload == "idle":

@@ -73,6 +73,7 @@ from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E4
                              sha256_file, utc_now)
 from lib.hakoniwa import HkPair, api_get, hk_ctl, trim_report  # noqa: E402
 from lib.kvmtrace import KvmTrace, fold_repeats, stuck_report  # noqa: E402
+from lib.memtouch import DIRTY_DONE, DIRTY_READY, TOUCH_DONE, TOUCH_READY  # noqa: E402
 from lib.options import add_path_options  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
 from lib.rigfaults import read_evidence, signature  # noqa: E402
@@ -143,13 +144,6 @@ DIRTY_CMD = "hk-memtouch -d -m 128 -r 0 &"
 TOUCH_CMD = "hk-memtouch -t 4 -m 100 -P 10"
 # Job numbers in the guest shell: the counter is %1, the dirtying job %2.
 DIRTY_JOB = "%2"
-
-DIRTY_READY = re.compile(rb"hk-memtouch: ready dirty mib=\d+\r?\n")
-DIRTY_DONE = re.compile(rb"hk-memtouch: dirtied pages=(\d+) seconds=([0-9.]+) "
-                        rb"pages_per_s=(\d+)\r?\n")
-TOUCH_READY = re.compile(rb"hk-memtouch: ready threads=\d+ mib=\d+\r?\n")
-TOUCH_DONE = re.compile(rb"hk-memtouch: done threads=(\d+) mib=(\d+) stride=(\d+) "
-                        rb"max=([0-9.]+) mean=([0-9.]+) check=(\w+)\r?\n")
 
 # What the evidence says (classify). The guest's kernel prints these even
 # with `quiet` (KERN_EMERG, or console_verbose() once it oopses).
