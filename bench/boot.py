@@ -51,6 +51,7 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lib import CMDLINE as GUEST_CMDLINE  # noqa: E402
 from lib.environment import vmm_environment  # noqa: E402
 from lib.hugepages import HugePages, pages_for  # noqa: E402
 from lib.options import add_path_options  # noqa: E402
@@ -60,7 +61,7 @@ from lib.tables import (cell, fmt_range, fmt_ratio, md_context, md_table,  # noq
 from lib.vmm import Proc  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1 hk.bootmark"
+CMDLINE = GUEST_CMDLINE + " hk.bootmark"
 MARKER_RE = re.compile(rb"(?:^|[\r\n])hakoniwa-guest: init\r?\n")
 PROMPT_RE = re.compile(rb"hakoniwa:[^\r\n]*# ")
 # Typed at the guest shell; the echoed command line holds "HKT=\1=", which

@@ -74,6 +74,7 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lib import CMDLINE as GUEST_CMDLINE  # noqa: E402
 from lib.console import PROMPT_RE, shell  # noqa: E402
 from lib.environment import (first_line, git_state, machine_memory_mib,  # noqa: E402
                              vmm_environment)
@@ -88,7 +89,7 @@ from lib.tables import md_table, text_table  # noqa: E402
 from lib.vmm import Proc, free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
+CMDLINE = GUEST_CMDLINE
 # %s: L1's vCPUs, counted when the benchmark runs (scripts/rig's HK_RIG_CPUS).
 RIG_NOTE = ("inside L1 under TCG with nested KVM; source, destination, the link "
             "(loopback) and the clients share %s; absolute figures mean "

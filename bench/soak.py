@@ -67,6 +67,7 @@ import traceback
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lib import CMDLINE as GUEST_CMDLINE  # noqa: E402
 from lib.console import PROMPT_RE, shell  # noqa: E402
 from lib.environment import (bzimage_version, cpu_model, first_line,  # noqa: E402
                              git_state, guest_manifest, machine_memory_mib, placement,
@@ -109,7 +110,7 @@ RIG_NOTE = ("inside L1 under TCG with nested KVM; source and destination share "
             "L1's vCPUs")
 
 # The guest command line of both VMMs: bench/migration.py's.
-CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
+CMDLINE = GUEST_CMDLINE
 MODES = ["precopy-dirty", "postcopy-bg", "hybrid"]
 VMMS = ["hakoniwa", "qemu"]
 MEMORY_MIB = {"precopy-dirty": 512, "postcopy-bg": 1024, "hybrid": 512}

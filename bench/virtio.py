@@ -65,6 +65,7 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lib import CMDLINE as GUEST_CMDLINE  # noqa: E402
 from lib.environment import in_rig, vmm_environment  # noqa: E402
 from lib.options import add_path_options  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
@@ -73,7 +74,7 @@ from lib.tables import (cell, fmt_range, fmt_ratio, md_context, md_table,  # noq
 from lib.vmm import run_to_end  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
+CMDLINE = GUEST_CMDLINE
 RIG_NOTE = ("inside L1 under TCG with nested KVM; absolute figures mean little, "
             "compare ratios")
 SEED_002 = ("seed 002's question: which cache helps for which workload; this "

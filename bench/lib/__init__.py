@@ -11,3 +11,8 @@ import os
 
 # The tree's root: bench/lib/ is two levels below it.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# The guest kernel's command line under both VMMs: the serial console,
+# no port 0x80 delays, and a panic reboots at once, which ends the VM
+# (boot.py, virtio.py and soak.py add words of their own).
+CMDLINE = "console=ttyS0 quiet io_delay=none panic=-1"
