@@ -1,11 +1,18 @@
 """Shared pieces of the benchmark harnesses in bench/ (standard library
-only): the guest console and shell (console), VMM processes (vmm),
-hakoniwa's control API and a source/destination pair (hakoniwa), QEMU's
-argv and QMP (qemu), KVM's trace events and where a stuck VM is
-(kvmtrace), the host's huge page pool (hugepages), the results'
-environment section (environment) and tables (tables).
+only, but for matplotlib in plots): the guest console and shell, and
+console lines timestamped as they arrive (console), VMM processes and a
+run to its end (vmm), hakoniwa's control API and a source/destination
+pair (hakoniwa), QEMU's argv and QMP (qemu), KVM's trace events and where
+a stuck VM is (kvmtrace), the rig's known faults in a failed run's
+evidence (rigfaults), the host's huge page pool (hugepages), the guest
+tool hk-memtouch's lines (memtouch), an RFB client that timestamps
+updates (rfb_probe), the results' environment section (environment),
+tables and their cells (tables), figures (plots), and the options and
+defaults for the tree's binaries and guest (options; here the tree's
+ROOT and the guest's CMDLINE).
 
-The scripts put bench/ on sys.path and import `lib.console` and so on."""
+The scripts put bench/ on sys.path and import `lib.console` and so on;
+no script imports another."""
 
 import os
 
