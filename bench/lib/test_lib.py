@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Checks of bench/lib's pure functions and process handling that need no
+KVM, no guest and no network: `python3 bench/lib/test_lib.py` (or
+`python -m pytest bench/lib/test_lib.py`, where pytest is installed).
+The benchmarks themselves need KVM and run through scripts/bench-*."""
+
+import argparse
+import os
+import re
+import signal
+import sys
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lib import CMDLINE, ROOT  # noqa: E402
+from lib.console import PipeReader  # noqa: E402
+from lib.environment import vmm_environment  # noqa: E402
+from lib.memtouch import (DIRTY_DONE, DIRTY_READY, TOUCH_DONE, TOUCH_GUEST,  # noqa: E402
+                          TOUCH_READY, TOUCH_THREAD)
+from lib.options import PATHS, add_path_options  # noqa: E402
+from lib.tables import (cell, fmt_range, fmt_ratio, md_context, md_table, stats,  # noqa: E402
+                        text_table)
+from lib.vmm import Proc, run_to_end  # noqa: E402
+
+PY = sys.executable
+
+
+def test_tables():
+    assert stats([]) is None
+    s = stats([3, 1, 2])
+    assert s == {"median": 2, "min": 1, "max": 3, "n": 3}
+    assert fmt_range(s, "%.1f") == "2.0 (1.0-3.0)"
+    assert fmt_range(stats([1024, 2048]), "%.1f", 1024) == "1.5 (1.0-2.0)"
+    assert fmt_range(None, "%.3f") == "-"
+    assert fmt_ratio(None) == "-" and fmt_ratio(0.5) == "0.50"
+    assert cell({"a": 1.25}, "a", "%.1f") == "1.2" and cell({"a": None}, "a", "%d") == "-"
+    rows = [["name", "value"], ["a", 1], ["bb", 22]]
+    assert md_table(rows) == "| name | value |\n|---|---|\n| a | 1 |\n| bb | 22 |"
+    assert text_table(rows).splitlines() == ["name  value", "----  -----", "a     1",
+                                             "bb    22"]
+    host = {"note": "on the host", "where": "host"}
+    assert md_context(host, "rig text") == ["**Context: on the host.**", ""]
+    assert md_context(dict(host, where="rig"), "rig text")[2:] == ["rig text", ""]
+
+
+def test_pipe_reader_watch_and_limit():
+    r, w = os.pipe()
+    reader = PipeReader(r, limit=8, watch=[("mark", re.compile(rb"MARK\n"))])
+    t0 = time.monotonic()
+    os.write(w, b"abc MARK\n")
+    found = reader.wait_found("mark", time.monotonic() + 10, lambda: True)
+    assert found and found[0] >= t0 and found[1].group(0) == b"MARK\n"
+    os.write(w, b"dropped")  # over the limit: not kept
+    os.close(w)
+    reader.thread.join(10)
+    assert reader.eof and reader.text() == "abc MARK\n"
+    # At EOF a pattern never seen is given up on at once.
+    assert reader.wait_found("other", time.monotonic() + 10, lambda: True) is None
+
+
+def test_run_to_end():
+    vm = run_to_end([PY, "-c", "import sys; print('out'); print('err', file=sys.stderr); "
+                     "sys.exit(3)"], "fake", 30)
+    assert (vm["status"], vm["timed_out"], vm["stalled"]) == (3, False, None)
+    assert vm["stdout"] == "out\n" and vm["stderr"] == "err\n"
+    assert vm["vmm_cpu_s"] >= 0 and vm["wall_s"] > 0
+    vm = run_to_end([PY, "-c", "import time; time.sleep(60)"], "fake", 0.3)
+    assert vm["timed_out"] and vm["status"] == -signal.SIGTERM
+    vm = run_to_end([PY, "-c", "import time; time.sleep(60)"], "fake", 30, lambda: "stuck")
+    assert vm["stalled"] == "stuck" and vm["status"] == -signal.SIGTERM
+
+
+def test_proc_stop():
+    p = Proc([PY, "-c", "import time; print('up', flush=True); time.sleep(60)"], "fake",
+             watch=[("up", re.compile(rb"up\n"))])
+    assert p.con.wait_found("up", time.monotonic() + 30, p.alive)
+    status, _, killed = p.stop(5)
+    assert (status, killed) == (-signal.SIGTERM, False)
+    # One that ignores SIGTERM is killed after the grace time.
+    p = Proc([PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              "print('up', flush=True); time.sleep(60)"], "fake",
+             watch=[("up", re.compile(rb"up\n"))])
+    assert p.con.wait_found("up", time.monotonic() + 30, p.alive)
+    status, seconds, killed = p.stop(0.5)
+    assert (status, killed) == (-signal.SIGKILL, True) and seconds >= 0.5
+
+
+def test_vmm_environment():
+    kernel, initramfs = os.path.join(ROOT, "no/vmlinuz"), os.path.join(ROOT, "no/initrd")
+    env = vmm_environment("rig note", "figures", "/nonexistent/hakoniwa", None, kernel,
+                          initramfs, CMDLINE, vcpus=2, memory_mib=512, relative_to=ROOT,
+                          machine={"memory_mib_l1": 1}, tools={"siege_version": None},
+                          run={"git_commit": "abc"})
+    assert list(env) == [
+        "date_utc", "where", "note", "kvm", "host_kernel", "cpu_model", "cpus",
+        "memory_mib_l1", "python", "hakoniwa_version", "hakoniwa_binary_sha256",
+        "qemu_version", "siege_version", "guest_kernel", "guest_kernel_version",
+        "guest_kernel_package", "guest_initramfs", "guest_initramfs_sha256", "guest_busybox",
+        "guest_cmdline", "git_commit", "vcpus", "memory_mib"]
+    assert env["guest_kernel"] == "no/vmlinuz" and env["qemu_version"] is None
+    assert env["hakoniwa_version"] is None and env["guest_initramfs_sha256"] is None
+    env = vmm_environment("rig note", "times", "/nonexistent/hakoniwa", "/nonexistent/qemu",
+                          kernel, initramfs, CMDLINE, vcpus=1, memory_mib=512,
+                          initramfs_sha256=False)
+    assert env["guest_kernel"] == kernel and "guest_initramfs_sha256" not in env
+
+
+def test_path_options():
+    p = argparse.ArgumentParser()
+    add_path_options(p, "hakoniwa", "kernel", "initramfs", "qemu")
+    assert [a.dest for a in p._actions[1:]] == ["hakoniwa", "kernel", "initramfs", "qemu"]
+    args = p.parse_args([])
+    assert vars(args) == PATHS and args.qemu == "qemu-system-x86_64"
+    assert args.kernel == os.path.join(ROOT, "build/guest/vmlinuz")
+
+
+def test_memtouch_lines():
+    """The lines as guest/tools/hk-memtouch.c's printf calls write them."""
+    assert TOUCH_READY.search(b"hk-memtouch: ready threads=4 mib=200\r\n")
+    m = TOUCH_THREAD.search(b"thread 2 seconds=1.234 start=0.010 check=ok "
+                            b"marks=0.100,0.200\r\n")
+    assert m and m.group(5) == b"0.100,0.200"
+    assert TOUCH_GUEST.search(b"hk-memtouch: guest ctxt=10 hyp_irqs=-1 timer_irqs=5\r\n")
+    m = TOUCH_DONE.search(b"hk-memtouch: done threads=4 mib=200 stride=1 max=2.500 "
+                          b"mean=2.000 check=ok\r\n")
+    assert m and m.group(4) == b"2.500" and m.group(6) == b"ok"
+    # Not before the line's end has arrived.
+    assert not TOUCH_DONE.search(b"hk-memtouch: done threads=4 mib=200 stride=1 max=2.5")
+    assert DIRTY_READY.search(b"hk-memtouch: ready dirty mib=128\n")
+    assert DIRTY_DONE.search(b"hk-memtouch: dirtied pages=1000 seconds=1.000 "
+                             b"pages_per_s=1000\n")
+
+
+def main():
+    tests = [(name, f) for name, f in sorted(globals().items()) if name.startswith("test_")]
+    for name, f in tests:
+        f()
+        print("ok", name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
