@@ -54,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib import CMDLINE as GUEST_CMDLINE  # noqa: E402
 from lib.environment import vmm_environment  # noqa: E402
 from lib.hugepages import HugePages, pages_for  # noqa: E402
-from lib.options import add_path_options  # noqa: E402
+from lib.options import add_path_options, exit_status  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
 from lib.tables import (cell, fmt_range, fmt_ratio, md_context, md_table,  # noqa: E402
                         stats, text_table)
@@ -650,10 +650,7 @@ def main():
                                os.path.relpath(os.path.join(args.out, "boot.md"), ROOT)))
     failed = sum(s["failed"] for s in summary.values())
     failed += sum(1 for r in runs if r["warmup"] and not r["ok"])
-    if failed:
-        print("boot.py: %d run(s) failed (see above and boot.json)" % failed, file=sys.stderr)
-        return 1
-    return 0
+    return exit_status("boot.py", failed, "run(s)", "boot.json")
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ from lib.hakoniwa import HkPair, api_get, trim_report  # noqa: E402
 from lib.kvmtrace import KvmTrace, stuck_report  # noqa: E402
 from lib.memtouch import (DIRTY_DONE, DIRTY_READY, TOUCH_DONE,  # noqa: E402
                           TOUCH_GUEST, TOUCH_READY, TOUCH_THREAD)
-from lib.options import add_path_options  # noqa: E402
+from lib.options import add_path_options, exit_status  # noqa: E402
 from lib.plots import panels, save_figure  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
 from lib.tables import md_table, text_table  # noqa: E402
@@ -1632,11 +1632,7 @@ def main():
                                                  result["total_s"]))
     failed = sum(1 for part in ("touch", "web", "modes")
                  for r in (result.get(part) or {}).get("rows", []) if not r.get("ok"))
-    if failed:
-        print("migration.py: %d row(s) failed (see above and migration.json)" % failed,
-              file=sys.stderr)
-        return 1
-    return 0
+    return exit_status("migration.py", failed, "row(s)", "migration.json")
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib import CMDLINE as GUEST_CMDLINE  # noqa: E402
 from lib.environment import in_rig, vmm_environment  # noqa: E402
-from lib.options import add_path_options  # noqa: E402
+from lib.options import add_path_options, exit_status  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
 from lib.tables import (cell, fmt_range, fmt_ratio, md_context, md_table,  # noqa: E402
                         stats, text_table)
@@ -812,11 +812,7 @@ def main():
         os.path.relpath(os.path.join(args.out, "virtio.json"), ROOT),
         os.path.relpath(os.path.join(args.out, "virtio.md"), ROOT), result["total_s"]))
     failed = sum(1 for r in runs if not r["ok"])
-    if failed:
-        print("virtio.py: %d run(s) failed (see above and virtio.json)" % failed,
-              file=sys.stderr)
-        return 1
-    return 0
+    return exit_status("virtio.py", failed, "run(s)", "virtio.json")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
-"""The command-line options the benchmarks share: which hakoniwa, guest
-kernel and initramfs (the tree's builds unless said otherwise) and which
-QEMU."""
+"""The command line the benchmarks share: the options for which
+hakoniwa, guest kernel and initramfs (the tree's builds unless said
+otherwise) and which QEMU, and the exit status."""
 
 import os
+import sys
 
 from . import ROOT
 
@@ -19,3 +20,14 @@ def add_path_options(parser, *names):
     defaulting to its PATHS value."""
     for name in names:
         parser.add_argument("--" + name, default=PATHS[name])
+
+
+def exit_status(prog, failed, what, results):
+    """A benchmark's exit status: 1 when FAILED (a count of WHAT, "run(s)"
+    or "row(s)") is not 0, said on stderr with where to look (RESULTS, its
+    JSON), and 0 otherwise."""
+    if failed:
+        print("%s: %d %s failed (see above and %s)" % (prog, failed, what, results),
+              file=sys.stderr)
+        return 1
+    return 0

@@ -5,6 +5,7 @@ KVM, no guest and no network: `python3 bench/lib/test_lib.py` (or
 The benchmarks themselves need KVM and run through scripts/bench-*."""
 
 import argparse
+import io
 import os
 import re
 import signal
@@ -18,7 +19,7 @@ from lib.console import PipeReader  # noqa: E402
 from lib.environment import vmm_environment  # noqa: E402
 from lib.memtouch import (DIRTY_DONE, DIRTY_READY, TOUCH_DONE, TOUCH_GUEST,  # noqa: E402
                           TOUCH_READY, TOUCH_THREAD)
-from lib.options import PATHS, add_path_options  # noqa: E402
+from lib.options import PATHS, add_path_options, exit_status  # noqa: E402
 from lib.tables import (cell, fmt_range, fmt_ratio, md_context, md_table, stats,  # noqa: E402
                         text_table)
 from lib.vmm import Proc, run_to_end  # noqa: E402
@@ -113,6 +114,14 @@ def test_path_options():
     args = p.parse_args([])
     assert vars(args) == PATHS and args.qemu == "qemu-system-x86_64"
     assert args.kernel == os.path.join(ROOT, "build/guest/vmlinuz")
+    assert exit_status("x.py", 0, "run(s)", "x.json") == 0
+    stderr, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        assert exit_status("x.py", 2, "run(s)", "x.json") == 1
+        said = sys.stderr.getvalue()
+    finally:
+        sys.stderr = stderr
+    assert said == "x.py: 2 run(s) failed (see above and x.json)\n"
 
 
 def test_memtouch_lines():
