@@ -54,6 +54,14 @@ pub enum ActivateError {
     Backend(String),
 }
 
+/// The device's worker (its thread, its epoll set, its eventfds) could not
+/// be set up.
+impl From<std::io::Error> for ActivateError {
+    fn from(e: std::io::Error) -> ActivateError {
+        ActivateError::Worker(e.to_string())
+    }
+}
+
 /// A virtio device back end.
 ///
 /// The transport owns the lifecycle: it asks for the device's features and

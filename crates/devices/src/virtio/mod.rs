@@ -6,12 +6,16 @@
 //!   the same for every device;
 //! - the **device** (`rng`, `block`, ...): a [`VirtioDevice`] that, once
 //!   the driver is ready, gets its queues and serves them on its own
-//!   worker thread, never on a vCPU thread.
+//!   worker thread, never on a vCPU thread;
+//! - the **lifecycle** (`lifecycle`): how every device starts, resets,
+//!   pauses, resumes and is restored, done once around what is each
+//!   device's own.
 
 pub mod balloon;
 pub mod block;
 pub mod device;
 pub mod input;
+pub(crate) mod lifecycle;
 pub mod net;
 pub mod pci;
 pub mod rng;

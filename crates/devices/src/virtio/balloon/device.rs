@@ -18,8 +18,9 @@ use crate::options::OptionsError;
 use crate::virtio::device::{
     ActivateError, Activation, QueueEvents, VirtioDevice, VirtioInterrupt,
 };
+use crate::virtio::lifecycle::{self, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop};
 use crate::virtio::state::{DeviceState, QueuePosition, StateError};
-use crate::virtio::worker::{parked_worker, EpollLoop, Worker, WorkerHandler};
+use crate::virtio::worker::{EpollLoop, WorkerHandler};
 use crate::GuestMemoryMmap;
 
 /// The size of each queue.
@@ -59,7 +60,7 @@ pub struct Balloon {
     features: u64,
     queue_sizes: Vec<u16>,
     control: Arc<BalloonControl>,
-    worker: Option<Worker<EpollLoop<BalloonHandler>>>,
+    lifecycle: DeviceLifecycle<EpollLoop<BalloonHandler>>,
 }
 
 impl Balloon {
@@ -80,7 +81,7 @@ impl Balloon {
             features,
             queue_sizes,
             control: control.clone(),
-            worker: None,
+            lifecycle: DeviceLifecycle::default(),
         };
         Ok((balloon, control))
     }
@@ -160,72 +161,31 @@ impl VirtioDevice for Balloon {
         queues: Vec<QueueEvents>,
         acked_features: u64,
     ) -> Result<(), ActivateError> {
-        self.reset();
-        let mut worker = self.parked_worker(
-            Activation {
-                memory,
-                interrupt,
-                queues,
-                acked_features,
-            },
-            None,
-        )?;
-        worker
-            .resume()
-            .map_err(|e| ActivateError::Worker(e.to_string()))?;
-        self.worker = Some(worker);
-        Ok(())
+        let activation = Activation {
+            memory,
+            interrupt,
+            queues,
+            acked_features,
+        };
+        lifecycle::activate(self, activation)
     }
 
     fn reset(&mut self) {
-        // Dropping the worker stops and joins it; the queues (and the stats
-        // buffer it held) go with it.
-        self.worker = None;
-        let mut state = self.control.lock();
-        state.interrupt = None;
-        state.actual = 0;
-        state.stats_negotiated = false;
-        state.stats_requested = false;
+        lifecycle::reset(self);
     }
 
     fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
-        let Some(worker) = &mut self.worker else {
-            return Ok(Vec::new());
-        };
-        // Each buffer is handled whole on the worker thread (pages are
-        // discarded before it is returned): nothing is in flight once it
-        // is parked.
-        let handler = worker
-            .park()
-            .map_err(|e| StateError::Pause(e.to_string()))?
-            .handler_mut();
-        let mut positions = vec![
-            QueuePosition::of(handler.inflate.index, &handler.inflate.queue),
-            QueuePosition::of(handler.deflate.index, &handler.deflate.queue),
-        ];
-        if let Some(stats) = &handler.stats {
-            positions.push(QueuePosition::of(stats.index, &stats.queue));
-        }
-        Ok(positions)
+        self.lifecycle.pause()
     }
 
     fn resume(&mut self) -> Result<(), StateError> {
-        match &mut self.worker {
-            Some(worker) => worker
-                .resume()
-                .map_err(|e| StateError::Resume(e.to_string())),
-            None => Ok(()),
-        }
+        self.lifecycle.resume()
     }
 
     fn save_state(&self) -> DeviceState {
         // Only a parked worker can be looked at; a running one's buffer
         // would be stale the moment it was read.
-        let held_stats = self
-            .worker
-            .as_ref()
-            .and_then(|w| w.parked_ref())
-            .and_then(|l| l.handler().held_stats);
+        let held_stats = self.lifecycle.parked().and_then(|l| l.handler().held_stats);
         let state = self.control.lock();
         DeviceState::Balloon(BalloonState {
             features: self.features,
@@ -244,85 +204,50 @@ impl VirtioDevice for Balloon {
         state: &DeviceState,
         activation: Option<Activation>,
     ) -> Result<(), StateError> {
-        let DeviceState::Balloon(saved) = state else {
-            return Err(state.wrong_kind("balloon"));
-        };
-        if saved.features != self.features {
-            return Err(StateError::Mismatch(
-                "the balloon had other features (stats, deflate_on_oom); give --balloon the same options"
-                    .into(),
-            ));
-        }
-        self.reset();
-        if let Some(activation) = activation {
-            if let Some(head) = saved.held_stats {
-                let size = activation
-                    .queues
-                    .iter()
-                    .find(|q| q.index == STATS)
-                    .map(|q| q.queue.size());
-                if size.is_none_or(|size| head >= size) {
-                    return Err(StateError::Invalid(format!(
-                        "held stats buffer {head} is not in the stats queue"
-                    )));
-                }
-            }
-            let worker = self
-                .parked_worker(activation, saved.held_stats)
-                .map_err(|e| StateError::Mismatch(e.to_string()))?;
-            self.worker = Some(worker);
-        }
-        // The host's target stands (the guest may be moving towards it),
-        // and so does what the guest last reported.
-        let mut control = self.control.lock();
-        control.num_pages = saved.num_pages;
-        control.actual = saved.actual;
-        control.counters = BalloonCounters {
-            inflated_pages: saved.inflated_pages,
-            deflated_pages: saved.deflated_pages,
-            invalid_pfns: saved.invalid_pfns,
-            discard_errors: saved.discard_errors,
-        };
-        Ok(())
+        lifecycle::restore(self, state, activation)
     }
 }
 
-impl Balloon {
-    /// The worker for `activation`'s queues, parked, holding `held_stats`
-    /// (a restored device) or no stats buffer (a new driver).
-    fn parked_worker(
-        &self,
-        activation: Activation,
-        held_stats: Option<u16>,
-    ) -> Result<Worker<EpollLoop<BalloonHandler>>, ActivateError> {
-        let Activation {
+impl QueueDevice for Balloon {
+    type Loop = EpollLoop<BalloonHandler>;
+    const WORKER_SUFFIX: &'static str = "virtio";
+
+    fn lifecycle(&mut self) -> &mut DeviceLifecycle<Self::Loop> {
+        &mut self.lifecycle
+    }
+
+    /// The stats queue only if the driver accepted it.
+    fn queues_needed(&self, acked_features: u64) -> usize {
+        if self.features & acked_features & (1 << VIRTIO_BALLOON_F_STATS_VQ) != 0 {
+            3
+        } else {
+            2
+        }
+    }
+
+    /// The worker's loop over the queues, holding the stats buffer of a
+    /// restored device (a new driver's holds none); the host's control
+    /// learns that a driver runs the device.
+    fn serve(
+        &mut self,
+        queues: ActiveQueues,
+        restoring: Option<&DeviceState>,
+    ) -> Result<Self::Loop, ActivateError> {
+        let ActiveQueues {
             memory,
             interrupt,
             queues,
-            acked_features,
-        } = activation;
-        let stats_acked = self.features & acked_features & (1 << VIRTIO_BALLOON_F_STATS_VQ) != 0;
-        let needed = if stats_acked { 3 } else { 2 };
+            ..
+        } = queues;
         let got = queues.len();
-        let mut slots: [Option<QueueEvents>; 3] = [None, None, None];
-        for q in queues {
-            let index = q.index;
-            if !q.queue.is_valid(&memory) {
-                return Err(ActivateError::InvalidQueue(index));
-            }
-            match slots.get_mut(usize::from(index)) {
-                Some(slot) => *slot = Some(q),
-                None => return Err(ActivateError::InvalidQueue(index)),
-            }
-        }
-        let [inflate, deflate, stats] = slots;
-        let (Some(inflate), Some(deflate)) = (inflate, deflate) else {
-            return Err(ActivateError::QueueCount { got, needed });
+        let mut queues = queues.into_iter();
+        let (Some(inflate), Some(deflate)) = (queues.next(), queues.next()) else {
+            return Err(ActivateError::QueueCount { got, needed: 2 });
         };
-        let stats = if stats_acked {
-            Some(stats.ok_or(ActivateError::QueueCount { got, needed })?)
-        } else {
-            None
+        let stats = queues.next();
+        let held_stats = match restoring {
+            Some(DeviceState::Balloon(saved)) => saved.held_stats,
+            _ => None,
         };
 
         let mut fds = vec![
@@ -334,6 +259,7 @@ impl Balloon {
             fds.push(stats.kick.as_raw_fd());
         }
         let memory_bytes = memory.iter().map(|r| r.len()).sum();
+        let stats_negotiated = stats.is_some();
         let handler = BalloonHandler {
             memory,
             interrupt: interrupt.clone(),
@@ -346,14 +272,85 @@ impl Balloon {
         };
         // Forget a stale wake-up from before.
         let _ = self.control.wake.read();
-        let worker = parked_worker(format!("{}-virtio", self.id), fds, handler)
-            .map_err(|e| ActivateError::Worker(e.to_string()))?;
+        let body = EpollLoop::new(&fds, handler)?;
         let mut state = self.control.lock();
         state.interrupt = Some(interrupt);
         state.memory_bytes = Some(memory_bytes);
-        state.stats_negotiated = stats_acked;
+        state.stats_negotiated = stats_negotiated;
         state.stats_requested = false;
-        Ok(worker)
+        Ok(body)
+    }
+
+    fn check_state(
+        &self,
+        state: &DeviceState,
+        activation: Option<&Activation>,
+    ) -> Result<(), StateError> {
+        let DeviceState::Balloon(saved) = state else {
+            return Err(state.wrong_kind("balloon"));
+        };
+        if saved.features != self.features {
+            return Err(StateError::Mismatch(
+                "the balloon had other features (stats, deflate_on_oom); give --balloon the same options"
+                    .into(),
+            ));
+        }
+        if let (Some(activation), Some(head)) = (activation, saved.held_stats) {
+            let size = activation
+                .queues
+                .iter()
+                .find(|q| q.index == STATS)
+                .map(|q| q.queue.size());
+            if size.is_none_or(|size| head >= size) {
+                return Err(StateError::Invalid(format!(
+                    "held stats buffer {head} is not in the stats queue"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The host's target stands (the guest may be moving towards it), and
+    /// so does what the guest last reported.
+    fn apply_state(&mut self, state: &DeviceState) {
+        let DeviceState::Balloon(saved) = state else {
+            return;
+        };
+        let mut control = self.control.lock();
+        control.num_pages = saved.num_pages;
+        control.actual = saved.actual;
+        control.counters = BalloonCounters {
+            inflated_pages: saved.inflated_pages,
+            deflated_pages: saved.deflated_pages,
+            invalid_pfns: saved.invalid_pfns,
+            discard_errors: saved.discard_errors,
+        };
+    }
+
+    /// The driver is gone: no configuration interrupts, no statistics, no
+    /// balloon (the stats buffer went with the worker).
+    fn on_reset(&mut self) {
+        let mut state = self.control.lock();
+        state.interrupt = None;
+        state.actual = 0;
+        state.stats_negotiated = false;
+        state.stats_requested = false;
+    }
+}
+
+/// Each buffer is handled whole on the worker thread (pages are discarded
+/// before it is returned): nothing is in flight once it is parked.
+impl QueueLoop for EpollLoop<BalloonHandler> {
+    fn positions(&self) -> Vec<QueuePosition> {
+        let handler = self.handler();
+        let mut positions = vec![
+            QueuePosition::of(handler.inflate.index, &handler.inflate.queue),
+            QueuePosition::of(handler.deflate.index, &handler.deflate.queue),
+        ];
+        if let Some(stats) = &handler.stats {
+            positions.push(QueuePosition::of(stats.index, &stats.queue));
+        }
+        positions
     }
 }
 
@@ -362,7 +359,7 @@ const TOKEN_DEFLATE: usize = 1;
 const TOKEN_WAKE: usize = 2;
 const TOKEN_STATS: usize = 3;
 
-struct BalloonHandler {
+pub(crate) struct BalloonHandler {
     memory: GuestMemoryMmap,
     interrupt: Arc<dyn VirtioInterrupt>,
     control: Arc<BalloonControl>,

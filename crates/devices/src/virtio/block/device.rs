@@ -1,11 +1,13 @@
 //! [`Block`]: the virtio-blk [`VirtioDevice`].
 //!
-//! Once activated, one queue thread (a [`spawn_worker`] worker) takes
-//! chains off the available ring and hands them to a small pool of I/O
-//! threads, so a slow request does not hold up the others. An I/O thread
-//! parses and runs its request ([`process_chain`]) and sends the
-//! completion back; the queue thread alone puts completions in the used
-//! ring and decides (EVENT_IDX-aware) whether to interrupt the guest.
+//! Once activated, one queue thread (the device's worker, see
+//! `virtio::lifecycle`) takes chains off the available ring and hands
+//! them to a small pool of I/O threads, so a slow request does not hold
+//! up the others. An I/O thread parses and runs its request
+//! ([`process_chain`]) and sends the completion back; the queue thread
+//! alone puts completions in the used ring and decides (EVENT_IDX-aware)
+//! whether to interrupt the guest. A pause waits for the I/O threads'
+//! requests to complete (`QueueLoop::quiesce`).
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +23,6 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
 };
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
-use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -33,7 +34,10 @@ use super::request::{
     MAX_DISCARD_SEG, MAX_WRITE_ZEROES_SECTORS,
 };
 use super::{BlockConfig, BlockError, SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
-use crate::virtio::worker::{parked_worker, EpollLoop, Worker, WorkerHandler};
+use crate::virtio::lifecycle::{
+    self, queue_array, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop,
+};
+use crate::virtio::worker::{EpollLoop, WorkerHandler};
 use crate::virtio::{
     ActivateError, Activation, DeviceState, QueueEvents, QueuePosition, StateError, VirtioDevice,
     VirtioInterrupt, COMMON_FEATURES,
@@ -88,7 +92,7 @@ pub struct Block {
     config_space: [u8; CONFIG_LEN],
     queue_sizes: [u16; 1],
     metrics: Arc<Metrics>,
-    running: Option<Running>,
+    lifecycle: DeviceLifecycle<EpollLoop<QueueHandler>>,
 }
 
 impl Block {
@@ -143,7 +147,7 @@ impl Block {
             features,
             queue_sizes: [QUEUE_SIZE],
             metrics: Arc::new(Metrics::default()),
-            running: None,
+            lifecycle: DeviceLifecycle::default(),
         }
     }
 
@@ -170,7 +174,7 @@ impl Block {
 
     /// Whether the queue is being served.
     pub fn is_active(&self) -> bool {
-        self.running.is_some()
+        self.lifecycle.is_active()
     }
 
     /// The request counters so far.
@@ -240,60 +244,25 @@ impl VirtioDevice for Block {
         queues: Vec<QueueEvents>,
         acked_features: u64,
     ) -> Result<(), ActivateError> {
-        self.reset();
-        let mut running = self.parked(Activation {
+        let activation = Activation {
             memory,
             interrupt,
             queues,
             acked_features,
-        })?;
-        running
-            .worker
-            .resume()
-            .map_err(|e| ActivateError::Worker(e.to_string()))?;
-        self.running = Some(running);
-        Ok(())
+        };
+        lifecycle::activate(self, activation)
     }
 
     fn reset(&mut self) {
-        if let Some(Running { worker, pool }) = self.running.take() {
-            // Stops the queue thread first: that drops the job sender, so
-            // the I/O threads finish what they are doing and leave.
-            drop(worker);
-            drop(pool);
-        }
+        lifecycle::reset(self);
     }
 
     fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
-        let Some(running) = &mut self.running else {
-            return Ok(Vec::new());
-        };
-        let handler = running
-            .worker
-            .park()
-            .map_err(|e| StateError::Pause(e.to_string()))?
-            .handler_mut();
-        // The I/O threads may still be running requests the queue thread
-        // took: wait for them, so that everything the guest submitted is
-        // in the used ring (or still in the available ring) when the state
-        // is taken. The I/O threads stay, idle, for the resume.
-        handler.drain(DRAIN_TIMEOUT).map_err(|left| {
-            StateError::Pause(format!(
-                "{left} requests still in flight after {}s",
-                DRAIN_TIMEOUT.as_secs()
-            ))
-        })?;
-        Ok(vec![QueuePosition::of(handler.index, &handler.queue)])
+        self.lifecycle.pause()
     }
 
     fn resume(&mut self) -> Result<(), StateError> {
-        match &mut self.running {
-            Some(running) => running
-                .worker
-                .resume()
-                .map_err(|e| StateError::Resume(e.to_string())),
-            None => Ok(()),
-        }
+        self.lifecycle.resume()
     }
 
     fn save_state(&self) -> DeviceState {
@@ -309,6 +278,87 @@ impl VirtioDevice for Block {
         state: &DeviceState,
         activation: Option<Activation>,
     ) -> Result<(), StateError> {
+        lifecycle::restore(self, state, activation)
+    }
+}
+
+fn access_name(readonly: bool) -> &'static str {
+    if readonly {
+        "read-only"
+    } else {
+        "read-write"
+    }
+}
+
+impl QueueDevice for Block {
+    type Loop = EpollLoop<QueueHandler>;
+    const WORKER_SUFFIX: &'static str = "queue";
+
+    fn lifecycle(&mut self) -> &mut DeviceLifecycle<Self::Loop> {
+        &mut self.lifecycle
+    }
+
+    /// The queue thread's loop and the I/O pool (running, waiting for
+    /// requests) it hands requests to.
+    fn serve(
+        &mut self,
+        queues: ActiveQueues,
+        _restoring: Option<&DeviceState>,
+    ) -> Result<Self::Loop, ActivateError> {
+        let [QueueEvents { index, queue, kick }] = queue_array(queues.queues)?;
+        let acked = queues.acked_features & self.features;
+        let mem = Arc::new(queues.memory);
+
+        let abort = Arc::new(AtomicBool::new(false));
+        // Declared before the job sender so that, on an early return, the
+        // sender is dropped first and the pool's threads can be joined.
+        let mut pool = Pool {
+            threads: Vec::new(),
+            abort: abort.clone(),
+        };
+        let done_evt = EventFd::new(EFD_NONBLOCK)?;
+        let (job_tx, job_rx) = mpsc::channel::<Job>();
+        let (done_tx, done_rx) = mpsc::channel();
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        for i in 0..IO_THREADS {
+            let io = IoThread {
+                mem: mem.clone(),
+                disk: self.backend.clone(),
+                serial: self.serial,
+                metrics: self.metrics.clone(),
+                capacity: self.capacity,
+                readonly: self.config.readonly,
+                acked_features: acked,
+                jobs: job_rx.clone(),
+                done: done_tx.clone(),
+                done_evt: done_evt.try_clone()?,
+                abort: abort.clone(),
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("{}-io{i}", self.name))
+                .spawn(move || io.run())?;
+            pool.threads.push(thread);
+        }
+        let fds = [kick.as_raw_fd(), done_evt.as_raw_fd()];
+        let handler = QueueHandler {
+            name: self.name.clone(),
+            index,
+            mem,
+            queue,
+            kick,
+            done_evt,
+            done_rx,
+            jobs: job_tx,
+            in_flight: 0,
+            interrupt: queues.interrupt,
+            _pool: pool,
+        };
+        // On failure the handler is dropped, the job sender first, so the
+        // pool winds down.
+        Ok(EpollLoop::new(&fds, handler)?)
+    }
+
+    fn check_state(&self, state: &DeviceState, _: Option<&Activation>) -> Result<(), StateError> {
         let DeviceState::Block(saved) = state else {
             return Err(state.wrong_kind("block"));
         };
@@ -335,103 +385,27 @@ impl VirtioDevice for Block {
                 saved.features, self.features
             )));
         }
-        self.reset();
-        if let Some(activation) = activation {
-            let running = self
-                .parked(activation)
-                .map_err(|e| StateError::Mismatch(e.to_string()))?;
-            self.running = Some(running);
-        }
         Ok(())
     }
 }
 
-fn access_name(readonly: bool) -> &'static str {
-    if readonly {
-        "read-only"
-    } else {
-        "read-write"
+impl QueueLoop for EpollLoop<QueueHandler> {
+    fn positions(&self) -> Vec<QueuePosition> {
+        let handler = self.handler();
+        vec![QueuePosition::of(handler.index, &handler.queue)]
     }
-}
 
-impl Block {
-    /// The queue thread (parked) and the I/O pool (running, waiting for
-    /// requests) for `activation`'s queue.
-    fn parked(&self, activation: Activation) -> Result<Running, ActivateError> {
-        let Activation {
-            memory,
-            interrupt,
-            mut queues,
-            acked_features,
-        } = activation;
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                got: queues.len(),
-                needed: 1,
-            });
-        }
-        let QueueEvents {
-            index,
-            mut queue,
-            kick,
-        } = queues.remove(0);
-        if !queue.is_valid(&memory) {
-            return Err(ActivateError::InvalidQueue(index));
-        }
-        let acked = acked_features & self.features;
-        queue.set_event_idx(acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0);
-        let mem = Arc::new(memory);
-        let worker_err = |e: std::io::Error| ActivateError::Worker(e.to_string());
-
-        let abort = Arc::new(AtomicBool::new(false));
-        // Declared before the job sender so that, on an early return, the
-        // sender is dropped first and the pool's threads can be joined.
-        let mut pool = Pool {
-            threads: Vec::new(),
-            abort: abort.clone(),
-        };
-        let done_evt = EventFd::new(EFD_NONBLOCK).map_err(worker_err)?;
-        let (job_tx, job_rx) = mpsc::channel::<Job>();
-        let (done_tx, done_rx) = mpsc::channel();
-        let job_rx = Arc::new(Mutex::new(job_rx));
-        for i in 0..IO_THREADS {
-            let io = IoThread {
-                mem: mem.clone(),
-                disk: self.backend.clone(),
-                serial: self.serial,
-                metrics: self.metrics.clone(),
-                capacity: self.capacity,
-                readonly: self.config.readonly,
-                acked_features: acked,
-                jobs: job_rx.clone(),
-                done: done_tx.clone(),
-                done_evt: done_evt.try_clone().map_err(worker_err)?,
-                abort: abort.clone(),
-            };
-            let thread = std::thread::Builder::new()
-                .name(format!("{}-io{i}", self.name))
-                .spawn(move || io.run())
-                .map_err(worker_err)?;
-            pool.threads.push(thread);
-        }
-        let fds = vec![kick.as_raw_fd(), done_evt.as_raw_fd()];
-        let handler = QueueHandler {
-            name: self.name.clone(),
-            index,
-            mem,
-            queue,
-            kick,
-            done_evt,
-            done_rx,
-            jobs: job_tx,
-            in_flight: 0,
-            interrupt,
-        };
-        // On failure the handler (and with it the job sender) is dropped,
-        // so `pool` winds down when dropped.
-        let worker =
-            parked_worker(format!("{}-queue", self.name), fds, handler).map_err(worker_err)?;
-        Ok(Running { worker, pool })
+    /// The I/O threads may still be running requests the queue thread
+    /// took: waits for them, so that everything the guest submitted is in
+    /// the used ring (or still in the available ring) when the state is
+    /// taken. The I/O threads stay, idle, for the resume.
+    fn quiesce(&mut self) -> Result<(), StateError> {
+        self.handler_mut().drain(DRAIN_TIMEOUT).map_err(|left| {
+            StateError::Pause(format!(
+                "{left} requests still in flight after {}s",
+                DRAIN_TIMEOUT.as_secs()
+            ))
+        })
     }
 }
 
@@ -452,11 +426,7 @@ impl Drop for Block {
     }
 }
 
-struct Running {
-    worker: Worker<EpollLoop<QueueHandler>>,
-    pool: Pool,
-}
-
+/// The I/O threads of an active disk.
 struct Pool {
     threads: Vec<JoinHandle<()>>,
     abort: Arc<AtomicBool>,
@@ -526,7 +496,7 @@ impl IoThread {
 }
 
 /// The queue thread's state.
-struct QueueHandler {
+pub(crate) struct QueueHandler {
     name: String,
     index: u16,
     mem: Arc<GuestMemoryMmap>,
@@ -538,6 +508,10 @@ struct QueueHandler {
     /// Requests handed to the I/O threads and not yet in the used ring.
     in_flight: usize,
     interrupt: Arc<dyn VirtioInterrupt>,
+    /// Dropped after `jobs` (fields drop in order): a reset stops the
+    /// queue thread, then the I/O threads see the job channel closed,
+    /// finish what they are doing and are joined.
+    _pool: Pool,
 }
 
 impl QueueHandler {

@@ -14,8 +14,11 @@ use super::{InputConfig, InputEvent, InputKind, VIRTIO_ID_INPUT};
 use crate::virtio::device::{
     ActivateError, Activation, QueueEvents, VirtioDevice, VirtioInterrupt,
 };
+use crate::virtio::lifecycle::{
+    self, queue_array, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop,
+};
 use crate::virtio::state::{DeviceState, QueuePosition, StateError};
-use crate::virtio::worker::{parked_worker, EpollLoop, Worker, WorkerHandler};
+use crate::virtio::worker::{EpollLoop, WorkerHandler};
 use crate::GuestMemoryMmap;
 
 /// The size of each queue.
@@ -50,7 +53,7 @@ pub struct Input {
     select: u8,
     subsel: u8,
     control: Arc<InputControl>,
-    worker: Option<Worker<EpollLoop<InputHandler>>>,
+    lifecycle: DeviceLifecycle<EpollLoop<InputHandler>>,
 }
 
 impl Input {
@@ -79,7 +82,7 @@ impl Input {
             select: 0,
             subsel: 0,
             control: control.clone(),
-            worker: None,
+            lifecycle: DeviceLifecycle::default(),
         };
         Ok((input, control))
     }
@@ -142,58 +145,25 @@ impl VirtioDevice for Input {
         queues: Vec<QueueEvents>,
         acked_features: u64,
     ) -> Result<(), ActivateError> {
-        self.reset();
-        let mut worker = self.parked_worker(Activation {
+        let activation = Activation {
             memory,
             interrupt,
             queues,
             acked_features,
-        })?;
-        {
-            let mut state = self.control.lock();
-            state.pending.clear();
-            state.active = true;
-        }
-        let _ = self.control.wake.read();
-        if let Err(e) = worker.resume() {
-            self.control.lock().active = false;
-            return Err(ActivateError::Worker(e.to_string()));
-        }
-        self.worker = Some(worker);
-        Ok(())
+        };
+        lifecycle::activate(self, activation)
     }
 
     fn reset(&mut self) {
-        self.worker = None;
-        let mut state = self.control.lock();
-        state.active = false;
-        state.pending.clear();
-        state.leds = 0;
+        lifecycle::reset(self);
     }
 
     fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
-        let Some(worker) = &mut self.worker else {
-            return Ok(Vec::new());
-        };
-        // Events sent meanwhile wait in the control's queue (and are
-        // saved with it); the wake-up stays pending for the resume.
-        let handler = worker
-            .park()
-            .map_err(|e| StateError::Pause(e.to_string()))?
-            .handler_mut();
-        Ok(vec![
-            QueuePosition::of(EVENTQ, &handler.eventq.queue),
-            QueuePosition::of(STATUSQ, &handler.statusq.queue),
-        ])
+        self.lifecycle.pause()
     }
 
     fn resume(&mut self) -> Result<(), StateError> {
-        match &mut self.worker {
-            Some(worker) => worker
-                .resume()
-                .map_err(|e| StateError::Resume(e.to_string())),
-            None => Ok(()),
-        }
+        self.lifecycle.resume()
     }
 
     fn save_state(&self) -> DeviceState {
@@ -217,6 +187,49 @@ impl VirtioDevice for Input {
         state: &DeviceState,
         activation: Option<Activation>,
     ) -> Result<(), StateError> {
+        lifecycle::restore(self, state, activation)
+    }
+}
+
+impl QueueDevice for Input {
+    type Loop = EpollLoop<InputHandler>;
+    const WORKER_SUFFIX: &'static str = "virtio";
+
+    fn lifecycle(&mut self) -> &mut DeviceLifecycle<Self::Loop> {
+        &mut self.lifecycle
+    }
+
+    /// The worker's loop over the queues; from now on events wait for the
+    /// guest's buffers instead of being dropped.
+    fn serve(
+        &mut self,
+        queues: ActiveQueues,
+        _restoring: Option<&DeviceState>,
+    ) -> Result<Self::Loop, ActivateError> {
+        let [eventq, statusq] = queue_array(queues.queues)?;
+        let fds = [
+            eventq.kick.as_raw_fd(),
+            statusq.kick.as_raw_fd(),
+            self.control.wake.as_raw_fd(),
+        ];
+        let handler = InputHandler {
+            memory: queues.memory,
+            interrupt: queues.interrupt,
+            control: self.control.clone(),
+            eventq,
+            statusq,
+        };
+        let body = EpollLoop::new(&fds, handler)?;
+        {
+            let mut state = self.control.lock();
+            state.pending.clear();
+            state.active = true;
+        }
+        let _ = self.control.wake.read();
+        Ok(body)
+    }
+
+    fn check_state(&self, state: &DeviceState, _: Option<&Activation>) -> Result<(), StateError> {
         let DeviceState::Input(saved) = state else {
             return Err(state.wrong_kind("input"));
         };
@@ -236,18 +249,19 @@ impl VirtioDevice for Input {
                 saved.pending.len()
             )));
         }
-        self.reset();
-        if let Some(activation) = activation {
-            let worker = self
-                .parked_worker(activation)
-                .map_err(|e| StateError::Mismatch(e.to_string()))?;
-            self.worker = Some(worker);
-            let _ = self.control.wake.read();
-        }
+        Ok(())
+    }
+
+    /// The configuration selector and the LEDs; the pending events if a
+    /// driver runs the device (without one they would be dropped).
+    fn apply_state(&mut self, state: &DeviceState) {
+        let DeviceState::Input(saved) = state else {
+            return;
+        };
         self.select = saved.select;
         self.subsel = saved.subsel;
         let mut control = self.control.lock();
-        control.active = self.worker.is_some();
+        control.active = self.lifecycle.is_active();
         control.leds = saved.leds;
         if control.active {
             control.pending = saved
@@ -256,54 +270,25 @@ impl VirtioDevice for Input {
                 .map(|&(event_type, code, value)| InputEvent::new(event_type, code, value))
                 .collect();
         }
-        Ok(())
+    }
+
+    fn on_reset(&mut self) {
+        let mut state = self.control.lock();
+        state.active = false;
+        state.pending.clear();
+        state.leds = 0;
     }
 }
 
-impl Input {
-    /// The worker for `activation`'s queues, parked.
-    fn parked_worker(
-        &self,
-        activation: Activation,
-    ) -> Result<Worker<EpollLoop<InputHandler>>, ActivateError> {
-        let Activation {
-            memory,
-            interrupt,
-            queues,
-            ..
-        } = activation;
-        let got = queues.len();
-        let mut slots: [Option<QueueEvents>; 2] = [None, None];
-        for q in queues {
-            let index = q.index;
-            if !q.queue.is_valid(&memory) {
-                return Err(ActivateError::InvalidQueue(index));
-            }
-            match slots.get_mut(usize::from(index)) {
-                Some(slot) => *slot = Some(q),
-                None => return Err(ActivateError::InvalidQueue(index)),
-            }
-        }
-        let [Some(eventq), Some(statusq)] = slots else {
-            return Err(ActivateError::QueueCount {
-                got,
-                needed: QUEUE_SIZES.len(),
-            });
-        };
-        let fds = vec![
-            eventq.kick.as_raw_fd(),
-            statusq.kick.as_raw_fd(),
-            self.control.wake.as_raw_fd(),
-        ];
-        let handler = InputHandler {
-            memory,
-            interrupt,
-            control: self.control.clone(),
-            eventq,
-            statusq,
-        };
-        parked_worker(format!("{}-virtio", self.id), fds, handler)
-            .map_err(|e| ActivateError::Worker(e.to_string()))
+/// Events sent while the worker is parked wait in the control's queue
+/// (and are saved with it); the wake-up stays pending for the resume.
+impl QueueLoop for EpollLoop<InputHandler> {
+    fn positions(&self) -> Vec<QueuePosition> {
+        let handler = self.handler();
+        vec![
+            QueuePosition::of(EVENTQ, &handler.eventq.queue),
+            QueuePosition::of(STATUSQ, &handler.statusq.queue),
+        ]
     }
 }
 
@@ -311,7 +296,7 @@ const TOKEN_EVENTQ: usize = 0;
 const TOKEN_STATUSQ: usize = 1;
 const TOKEN_WAKE: usize = 2;
 
-struct InputHandler {
+pub(crate) struct InputHandler {
     memory: GuestMemoryMmap,
     interrupt: Arc<dyn VirtioInterrupt>,
     control: Arc<InputControl>,

@@ -8,7 +8,6 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF,
     VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
-use virtio_queue::QueueT;
 
 use super::handler::{NetHandler, NetLoop};
 use super::{
@@ -16,7 +15,9 @@ use super::{
     RX_QUEUE, TX_QUEUE,
 };
 use crate::options::OptionsError;
-use crate::virtio::worker::Worker;
+use crate::virtio::lifecycle::{
+    self, queue_array, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop,
+};
 use crate::virtio::{
     ActivateError, Activation, DeviceState, QueueEvents, QueuePosition, StateError, VirtioDevice,
     VirtioInterrupt, COMMON_FEATURES,
@@ -71,9 +72,7 @@ pub struct Net {
     features: u64,
     config: [u8; CONFIG_LEN],
     metrics: Arc<NetMetrics>,
-    worker: Option<Worker<NetLoop>>,
-    /// Restored into a new VMM: announce the guest's MAC once it serves.
-    announce: bool,
+    lifecycle: DeviceLifecycle<NetLoop>,
 }
 
 impl Net {
@@ -121,8 +120,7 @@ impl Net {
             features,
             config,
             metrics: Arc::new(NetMetrics::default()),
-            worker: None,
-            announce: false,
+            lifecycle: DeviceLifecycle::default(),
         }
     }
 
@@ -199,54 +197,25 @@ impl VirtioDevice for Net {
         queues: Vec<QueueEvents>,
         acked_features: u64,
     ) -> Result<(), ActivateError> {
-        self.reset();
-        let mut worker = self.parked_worker(Activation {
+        let activation = Activation {
             memory,
             interrupt,
             queues,
             acked_features,
-        })?;
-        worker
-            .resume()
-            .map_err(|e| ActivateError::Worker(e.to_string()))?;
-        self.worker = Some(worker);
-        Ok(())
+        };
+        lifecycle::activate(self, activation)
     }
 
     fn reset(&mut self) {
-        // Dropping the worker stops and joins it; the queues go with it.
-        self.worker = None;
+        lifecycle::reset(self);
     }
 
     fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
-        let Some(worker) = &mut self.worker else {
-            return Ok(Vec::new());
-        };
-        // Frames are moved whole on the worker thread: once it is parked
-        // nothing is half done. A frame read from the back end that the
-        // guest had no buffer for stays with the handler.
-        let handler = &worker
-            .park()
-            .map_err(|e| StateError::Pause(e.to_string()))?
-            .handler;
-        Ok(handler.positions())
+        self.lifecycle.pause()
     }
 
     fn resume(&mut self) -> Result<(), StateError> {
-        let Some(worker) = &mut self.worker else {
-            return Ok(());
-        };
-        worker
-            .resume()
-            .map_err(|e| StateError::Resume(e.to_string()))?;
-        if std::mem::take(&mut self.announce) {
-            // The guest may now sit behind another switch port (a live
-            // migration) than the one its MAC was learnt on.
-            if let Err(e) = self.backend.write_frame(&announcement(self.mac)) {
-                tracing::warn!("{}: cannot announce the guest's MAC: {e}", self.id);
-            }
-        }
-        Ok(())
+        self.lifecycle.resume()
     }
 
     fn save_state(&self) -> DeviceState {
@@ -261,6 +230,51 @@ impl VirtioDevice for Net {
         state: &DeviceState,
         activation: Option<Activation>,
     ) -> Result<(), StateError> {
+        lifecycle::restore(self, state, activation)
+    }
+}
+
+impl QueueDevice for Net {
+    type Loop = NetLoop;
+
+    fn lifecycle(&mut self) -> &mut DeviceLifecycle<NetLoop> {
+        &mut self.lifecycle
+    }
+
+    /// The loop over the rx and tx queues; the back end gets the offloads
+    /// the driver accepted (a restored device's TAP too), and a restored
+    /// device announces the guest's MAC first thing once it serves.
+    fn serve(
+        &mut self,
+        queues: ActiveQueues,
+        restoring: Option<&DeviceState>,
+    ) -> Result<NetLoop, ActivateError> {
+        let acked_features = queues.acked_features;
+        let [rx, tx] = queue_array(queues.queues)?;
+        debug_assert_eq!((rx.index, tx.index), (RX_QUEUE, TX_QUEUE));
+        self.backend
+            .set_offload(tap_offloads(acked_features))
+            .map_err(|e| {
+                ActivateError::Backend(format!("{}: TUNSETOFFLOAD failed: {e}", self.id))
+            })?;
+        let mut handler = NetHandler::new(
+            queues.memory,
+            queues.interrupt,
+            rx,
+            tx,
+            self.backend.clone(),
+            acked_features & bit(VIRTIO_NET_F_MRG_RXBUF) != 0,
+            self.metrics.clone(),
+        );
+        if restoring.is_some() {
+            // The guest may now sit behind another switch port (a live
+            // migration) than the one its MAC was learnt on.
+            handler.announce(announcement(self.mac));
+        }
+        Ok(NetLoop::new(handler)?)
+    }
+
+    fn check_state(&self, state: &DeviceState, _: Option<&Activation>) -> Result<(), StateError> {
         let DeviceState::Net(saved) = state else {
             return Err(state.wrong_kind("net"));
         };
@@ -285,15 +299,16 @@ impl VirtioDevice for Net {
                 "the device had another MTU or features; give --net the same options".into(),
             ));
         }
-        self.reset();
-        if let Some(activation) = activation {
-            let worker = self
-                .parked_worker(activation)
-                .map_err(|e| StateError::Mismatch(e.to_string()))?;
-            self.worker = Some(worker);
-            self.announce = true;
-        }
         Ok(())
+    }
+}
+
+/// Frames are moved whole on the worker thread: once it is parked nothing
+/// is half done. A frame read from the back end that the guest had no
+/// buffer for stays with the handler.
+impl QueueLoop for NetLoop {
+    fn positions(&self) -> Vec<QueuePosition> {
+        self.handler.positions()
     }
 }
 
@@ -315,58 +330,4 @@ pub(super) fn announcement(mac: [u8; 6]) -> Vec<u8> {
     frame.extend_from_slice(&[0; 4]);
     frame.resize(super::NET_HDR_LEN + 60, 0);
     frame
-}
-
-impl Net {
-    /// The worker for `activation`'s queues, parked; the back end gets the
-    /// offloads the driver accepted (a restored device's TAP too).
-    fn parked_worker(&self, activation: Activation) -> Result<Worker<NetLoop>, ActivateError> {
-        let Activation {
-            memory,
-            interrupt,
-            queues,
-            acked_features,
-        } = activation;
-        if queues.len() != 2 {
-            return Err(ActivateError::QueueCount {
-                got: queues.len(),
-                needed: 2,
-            });
-        }
-        let mut rx = None;
-        let mut tx = None;
-        for mut q in queues {
-            if !q.queue.is_valid(&memory) {
-                return Err(ActivateError::InvalidQueue(q.index));
-            }
-            q.queue.set_event_idx(
-                acked_features & bit(virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX) != 0,
-            );
-            match q.index {
-                RX_QUEUE if rx.is_none() => rx = Some(q),
-                TX_QUEUE if tx.is_none() => tx = Some(q),
-                other => return Err(ActivateError::InvalidQueue(other)),
-            }
-        }
-        let (Some(rx), Some(tx)) = (rx, tx) else {
-            return Err(ActivateError::QueueCount { got: 1, needed: 2 });
-        };
-        self.backend
-            .set_offload(tap_offloads(acked_features))
-            .map_err(|e| {
-                ActivateError::Backend(format!("{}: TUNSETOFFLOAD failed: {e}", self.id))
-            })?;
-        let handler = NetHandler::new(
-            memory,
-            interrupt,
-            rx,
-            tx,
-            self.backend.clone(),
-            acked_features & bit(VIRTIO_NET_F_MRG_RXBUF) != 0,
-            self.metrics.clone(),
-        );
-        NetLoop::new(handler)
-            .and_then(|body| Worker::parked(format!("{}-worker", self.id), body))
-            .map_err(|e| ActivateError::Worker(e.to_string()))
-    }
 }

@@ -38,7 +38,7 @@ enum Rx {
 }
 
 /// The queue state and buffers the worker thread owns.
-pub(super) struct NetHandler {
+pub(crate) struct NetHandler {
     mem: GuestMemoryMmap,
     interrupt: Arc<dyn VirtioInterrupt>,
     rx: Queue,
@@ -58,6 +58,8 @@ pub(super) struct NetHandler {
     /// tx stopped at its budget with chains left.
     tx_more: bool,
     tx_buf: Vec<u8>,
+    /// A frame to send before anything else when the loop next runs.
+    announcement: Option<Vec<u8>>,
 }
 
 impl NetHandler {
@@ -86,7 +88,13 @@ impl NetHandler {
             rx_stalled: false,
             tx_more: false,
             tx_buf: vec![0; MAX_FRAME_LEN],
+            announcement: None,
         }
+    }
+
+    /// Sends `frame` to the back end first thing when the loop runs.
+    pub(super) fn announce(&mut self, frame: Vec<u8>) {
+        self.announcement = Some(frame);
     }
 
     /// Whether rx work is waiting that does not need a new event.
@@ -330,7 +338,7 @@ impl NetHandler {
 }
 
 /// The worker's loop: the handler and the epoll set it waits on.
-pub(super) struct NetLoop {
+pub(crate) struct NetLoop {
     epoll: Epoll,
     pub(super) handler: NetHandler,
 }
@@ -374,6 +382,14 @@ impl WorkerLoop for NetLoop {
     fn run(&mut self, stop: &EventFd) {
         let handler = &mut self.handler;
         let mut events = vec![EpollEvent::default(); 8];
+        if let Some(frame) = handler.announcement.take() {
+            if let Err(e) = handler.backend.write_frame(&frame) {
+                tracing::warn!(
+                    "net: {}: cannot announce the guest's MAC: {e}",
+                    handler.backend.name()
+                );
+            }
+        }
         // Buffers may have been queued before we started (or while parked;
         // the back end's edge, if any came meanwhile, is still pending in
         // the epoll set).

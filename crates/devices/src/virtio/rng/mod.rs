@@ -16,8 +16,9 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::device::{ActivateError, Activation, QueueEvents, VirtioDevice, VirtioInterrupt};
+use super::lifecycle::{self, queue_array, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop};
 use super::state::{DeviceState, QueuePosition, StateError};
-use super::worker::{parked_worker, EpollLoop, Worker, WorkerHandler};
+use super::worker::{EpollLoop, WorkerHandler};
 use crate::options::{invalid, Options, OptionsError};
 use crate::GuestMemoryMmap;
 
@@ -74,7 +75,7 @@ pub(crate) fn check_id(id: &str) -> Result<(), OptionsError> {
 /// A virtio entropy device.
 pub struct Rng {
     id: String,
-    worker: Option<Worker<EpollLoop<RngHandler>>>,
+    lifecycle: DeviceLifecycle<EpollLoop<RngHandler>>,
 }
 
 impl Rng {
@@ -82,7 +83,7 @@ impl Rng {
     pub fn new(config: RngConfig) -> Rng {
         Rng {
             id: config.id.unwrap_or_else(|| "rng0".to_string()),
-            worker: None,
+            lifecycle: DeviceLifecycle::default(),
         }
     }
 
@@ -93,41 +94,7 @@ impl Rng {
 
     /// Whether a worker is serving the queue.
     pub fn is_active(&self) -> bool {
-        self.worker.is_some()
-    }
-
-    /// The worker for `activation`'s queue, parked.
-    fn parked_worker(
-        &self,
-        activation: Activation,
-    ) -> Result<Worker<EpollLoop<RngHandler>>, ActivateError> {
-        let Activation {
-            memory,
-            interrupt,
-            queues,
-            ..
-        } = activation;
-        if queues.len() != QUEUE_SIZES.len() {
-            return Err(ActivateError::QueueCount {
-                got: queues.len(),
-                needed: QUEUE_SIZES.len(),
-            });
-        }
-        let QueueEvents { index, queue, kick } = queues.into_iter().next().unwrap();
-        if index != 0 || !queue.is_valid(&memory) {
-            return Err(ActivateError::InvalidQueue(index));
-        }
-        let fds = vec![kick.as_raw_fd()];
-        let handler = RngHandler {
-            memory,
-            interrupt,
-            queue,
-            index,
-            kick,
-            buffer: Vec::new(),
-        };
-        parked_worker(format!("{}-virtio", self.id), fds, handler)
-            .map_err(|e| ActivateError::Worker(e.to_string()))
+        self.lifecycle.is_active()
     }
 }
 
@@ -168,45 +135,25 @@ impl VirtioDevice for Rng {
         queues: Vec<QueueEvents>,
         acked_features: u64,
     ) -> Result<(), ActivateError> {
-        self.reset();
-        let mut worker = self.parked_worker(Activation {
+        let activation = Activation {
             memory,
             interrupt,
             queues,
             acked_features,
-        })?;
-        worker
-            .resume()
-            .map_err(|e| ActivateError::Worker(e.to_string()))?;
-        self.worker = Some(worker);
-        Ok(())
+        };
+        lifecycle::activate(self, activation)
     }
 
     fn reset(&mut self) {
-        // Dropping the worker stops and joins it; the queue goes with it.
-        self.worker = None;
+        lifecycle::reset(self);
     }
 
     fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
-        let Some(worker) = &mut self.worker else {
-            return Ok(Vec::new());
-        };
-        // A request is served whole on the worker thread, so once it is
-        // parked nothing is in flight.
-        let handler = worker
-            .park()
-            .map_err(|e| StateError::Pause(e.to_string()))?
-            .handler_mut();
-        Ok(vec![QueuePosition::of(handler.index, &handler.queue)])
+        self.lifecycle.pause()
     }
 
     fn resume(&mut self) -> Result<(), StateError> {
-        match &mut self.worker {
-            Some(worker) => worker
-                .resume()
-                .map_err(|e| StateError::Resume(e.to_string())),
-            None => Ok(()),
-        }
+        self.lifecycle.resume()
     }
 
     fn save_state(&self) -> DeviceState {
@@ -218,21 +165,54 @@ impl VirtioDevice for Rng {
         state: &DeviceState,
         activation: Option<Activation>,
     ) -> Result<(), StateError> {
-        if *state != DeviceState::Rng {
-            return Err(state.wrong_kind("rng"));
-        }
-        self.reset();
-        if let Some(activation) = activation {
-            let worker = self
-                .parked_worker(activation)
-                .map_err(|e| StateError::Mismatch(e.to_string()))?;
-            self.worker = Some(worker);
-        }
-        Ok(())
+        lifecycle::restore(self, state, activation)
     }
 }
 
-struct RngHandler {
+impl QueueDevice for Rng {
+    type Loop = EpollLoop<RngHandler>;
+    const WORKER_SUFFIX: &'static str = "virtio";
+
+    fn lifecycle(&mut self) -> &mut DeviceLifecycle<Self::Loop> {
+        &mut self.lifecycle
+    }
+
+    fn serve(
+        &mut self,
+        queues: ActiveQueues,
+        _restoring: Option<&DeviceState>,
+    ) -> Result<Self::Loop, ActivateError> {
+        let [QueueEvents { index, queue, kick }] = queue_array(queues.queues)?;
+        let fds = [kick.as_raw_fd()];
+        let handler = RngHandler {
+            memory: queues.memory,
+            interrupt: queues.interrupt,
+            queue,
+            index,
+            kick,
+            buffer: Vec::new(),
+        };
+        Ok(EpollLoop::new(&fds, handler)?)
+    }
+
+    fn check_state(&self, state: &DeviceState, _: Option<&Activation>) -> Result<(), StateError> {
+        match state {
+            DeviceState::Rng => Ok(()),
+            other => Err(other.wrong_kind("rng")),
+        }
+    }
+}
+
+/// A request is served whole on the worker thread, so once it is parked
+/// nothing is in flight.
+impl QueueLoop for EpollLoop<RngHandler> {
+    fn positions(&self) -> Vec<QueuePosition> {
+        let handler = self.handler();
+        vec![QueuePosition::of(handler.index, &handler.queue)]
+    }
+}
+
+pub(crate) struct RngHandler {
     memory: GuestMemoryMmap,
     interrupt: Arc<dyn VirtioInterrupt>,
     queue: Queue,

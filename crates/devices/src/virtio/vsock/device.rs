@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use virtio_queue::QueueT;
 use vmm_sys_util::epoll::Epoll;
 
 use super::handler::VsockHandler;
@@ -17,7 +16,7 @@ use super::{
     VsockConfig, VsockMetrics, VsockMetricsSnapshot, EVENT_QUEUE, QUEUE_SIZE, RX_QUEUE, TX_QUEUE,
 };
 use crate::options::OptionsError;
-use crate::virtio::worker::Worker;
+use crate::virtio::lifecycle::{self, queue_array, ActiveQueues, DeviceLifecycle, QueueDevice};
 use crate::virtio::{
     ActivateError, Activation, DeviceState, QueueEvents, QueuePosition, StateError, VirtioDevice,
     VirtioInterrupt, COMMON_FEATURES,
@@ -52,7 +51,7 @@ pub struct Vsock {
     uds_path: PathBuf,
     listener: UnixListener,
     metrics: Arc<VsockMetrics>,
-    worker: Option<Worker<VsockHandler>>,
+    lifecycle: DeviceLifecycle<VsockHandler>,
 }
 
 impl Vsock {
@@ -74,7 +73,7 @@ impl Vsock {
             uds_path: config.uds.clone(),
             listener,
             metrics: Arc::new(VsockMetrics::default()),
-            worker: None,
+            lifecycle: DeviceLifecycle::default(),
         })
     }
 
@@ -125,7 +124,7 @@ fn bind_listener(path: &Path) -> Result<UnixListener, String> {
 
 impl Drop for Vsock {
     fn drop(&mut self) {
-        self.worker = None;
+        lifecycle::reset(self);
         let _ = std::fs::remove_file(&self.uds_path);
     }
 }
@@ -167,46 +166,27 @@ impl VirtioDevice for Vsock {
         queues: Vec<QueueEvents>,
         acked_features: u64,
     ) -> Result<(), ActivateError> {
-        self.reset();
-        let mut worker = self.parked_worker(Activation {
+        let activation = Activation {
             memory,
             interrupt,
             queues,
             acked_features,
-        })?;
-        worker
-            .resume()
-            .map_err(|e| ActivateError::Worker(e.to_string()))?;
-        self.worker = Some(worker);
-        Ok(())
+        };
+        lifecycle::activate(self, activation)
     }
 
+    /// Stops the worker; dropping the muxer closes every connection. Host
+    /// programs still in the listen backlog wait for the next activation.
     fn reset(&mut self) {
-        // Stops the worker; dropping the muxer closes every connection.
-        // Host programs still in the listen backlog wait for the next
-        // activation.
-        self.worker = None;
+        lifecycle::reset(self);
     }
 
     fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
-        let Some(worker) = &mut self.worker else {
-            return Ok(Vec::new());
-        };
-        // Packets are moved whole on the worker thread; host connections
-        // stay open (their data waits in the sockets) for the resume.
-        let handler = worker
-            .park()
-            .map_err(|e| StateError::Pause(e.to_string()))?;
-        Ok(handler.positions())
+        self.lifecycle.pause()
     }
 
     fn resume(&mut self) -> Result<(), StateError> {
-        match &mut self.worker {
-            Some(worker) => worker
-                .resume()
-                .map_err(|e| StateError::Resume(e.to_string())),
-            None => Ok(()),
-        }
+        self.lifecycle.resume()
     }
 
     fn save_state(&self) -> DeviceState {
@@ -218,6 +198,44 @@ impl VirtioDevice for Vsock {
         state: &DeviceState,
         activation: Option<Activation>,
     ) -> Result<(), StateError> {
+        lifecycle::restore(self, state, activation)
+    }
+}
+
+impl QueueDevice for Vsock {
+    type Loop = VsockHandler;
+
+    fn lifecycle(&mut self) -> &mut DeviceLifecycle<VsockHandler> {
+        &mut self.lifecycle
+    }
+
+    /// The worker's loop over the queues, with a fresh muxer; a restored
+    /// device owes the guest a TRANSPORT_RESET (see [`VsockState`]).
+    fn serve(
+        &mut self,
+        queues: ActiveQueues,
+        restoring: Option<&DeviceState>,
+    ) -> Result<VsockHandler, ActivateError> {
+        let [rx, tx, ev] = queue_array(queues.queues)?;
+        debug_assert_eq!(
+            (rx.index, tx.index, ev.index),
+            (RX_QUEUE, TX_QUEUE, EVENT_QUEUE)
+        );
+        let muxer = VsockMuxer::new(
+            self.cid,
+            self.uds_path.clone(),
+            self.listener.try_clone()?,
+            Epoll::new()?,
+            self.metrics.clone(),
+        )?;
+        let mut handler = VsockHandler::new(queues.memory, queues.interrupt, rx, tx, ev, muxer);
+        if restoring.is_some() {
+            handler.owe_transport_reset();
+        }
+        Ok(handler)
+    }
+
+    fn check_state(&self, state: &DeviceState, _: Option<&Activation>) -> Result<(), StateError> {
         let DeviceState::Vsock(saved) = state else {
             return Err(state.wrong_kind("vsock"));
         };
@@ -227,68 +245,6 @@ impl VirtioDevice for Vsock {
                 saved.cid, self.cid
             )));
         }
-        self.reset();
-        if let Some(activation) = activation {
-            let mut worker = self
-                .parked_worker(activation)
-                .map_err(|e| StateError::Mismatch(e.to_string()))?;
-            if let Some(handler) = worker.parked_loop() {
-                handler.owe_transport_reset();
-            }
-            self.worker = Some(worker);
-        }
         Ok(())
-    }
-}
-
-impl Vsock {
-    /// The worker for `activation`'s queues with a fresh muxer, parked.
-    fn parked_worker(&self, activation: Activation) -> Result<Worker<VsockHandler>, ActivateError> {
-        let Activation {
-            memory,
-            interrupt,
-            queues,
-            acked_features,
-        } = activation;
-        if queues.len() != 3 {
-            return Err(ActivateError::QueueCount {
-                got: queues.len(),
-                needed: 3,
-            });
-        }
-        let mut slots: [Option<QueueEvents>; 3] = [None, None, None];
-        let event_idx =
-            acked_features & (1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX) != 0;
-        for mut q in queues {
-            if !q.queue.is_valid(&memory) {
-                return Err(ActivateError::InvalidQueue(q.index));
-            }
-            q.queue.set_event_idx(event_idx);
-            let index = q.index;
-            match slots.get_mut(usize::from(index)) {
-                Some(slot @ None) => *slot = Some(q),
-                _ => return Err(ActivateError::InvalidQueue(index)),
-            }
-        }
-        let [Some(rx), Some(tx), Some(ev)] = slots else {
-            return Err(ActivateError::QueueCount { got: 2, needed: 3 });
-        };
-        debug_assert_eq!(
-            (rx.index, tx.index, ev.index),
-            (RX_QUEUE, TX_QUEUE, EVENT_QUEUE)
-        );
-        (|| {
-            let listener = self.listener.try_clone()?;
-            let muxer = VsockMuxer::new(
-                self.cid,
-                self.uds_path.clone(),
-                listener,
-                Epoll::new()?,
-                self.metrics.clone(),
-            )?;
-            let handler = VsockHandler::new(memory, interrupt, rx, tx, ev, muxer);
-            Worker::parked(format!("{}-worker", self.id), handler)
-        })()
-        .map_err(|e| ActivateError::Worker(e.to_string()))
     }
 }

@@ -18,6 +18,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::muxer::VsockMuxer;
 use super::packet::{VsockHeader, HDR_LEN, MAX_PKT_PAYLOAD};
 use super::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE};
+use crate::virtio::lifecycle::QueueLoop;
 use crate::virtio::worker::WorkerLoop;
 use crate::virtio::{QueueEvents, QueuePosition, VirtioInterrupt};
 use crate::GuestMemoryMmap;
@@ -30,7 +31,7 @@ const EVENT_KICK: u64 = 3;
 /// connection and reads the CID again.
 const VIRTIO_VSOCK_EVENT_TRANSPORT_RESET: u32 = 0;
 
-pub(super) struct VsockHandler {
+pub(crate) struct VsockHandler {
     mem: GuestMemoryMmap,
     interrupt: Arc<dyn VirtioInterrupt>,
     rxq: Queue,
@@ -78,15 +79,6 @@ impl VsockHandler {
     /// Sends a TRANSPORT_RESET event on the first run (a restored device).
     pub(super) fn owe_transport_reset(&mut self) {
         self.transport_reset_pending = true;
-    }
-
-    /// Where the rx, tx and event queues stand.
-    pub(super) fn positions(&self) -> Vec<QueuePosition> {
-        vec![
-            QueuePosition::of(RX_QUEUE, &self.rxq),
-            QueuePosition::of(TX_QUEUE, &self.txq),
-            QueuePosition::of(EVENT_QUEUE, &self.evq),
-        ]
     }
 
     /// Tells the guest, in a buffer of the event queue, that the transport
@@ -346,5 +338,17 @@ impl WorkerLoop for VsockHandler {
 
     fn run(&mut self, stop: &EventFd) {
         self.serve(stop);
+    }
+}
+
+/// Packets are moved whole on the worker thread; host connections stay
+/// open (their data waits in the sockets) while it is parked.
+impl QueueLoop for VsockHandler {
+    fn positions(&self) -> Vec<QueuePosition> {
+        vec![
+            QueuePosition::of(RX_QUEUE, &self.rxq),
+            QueuePosition::of(TX_QUEUE, &self.txq),
+            QueuePosition::of(EVENT_QUEUE, &self.evq),
+        ]
     }
 }
