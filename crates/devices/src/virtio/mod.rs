@@ -20,6 +20,8 @@ pub mod net;
 pub mod pci;
 pub mod rng;
 pub mod state;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod vsock;
 pub mod worker;
 

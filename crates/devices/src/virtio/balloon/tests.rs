@@ -6,8 +6,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::device::discard_pfns;
 use super::*;
-use crate::virtio::rng::testing::{finishes, wait_until, Driver, RecordingInterrupt, Seg};
 use crate::virtio::state::testing::{at_saved_position, through_json};
+use crate::virtio::testing::{finishes, wait_until, DriverQueue, RecordingInterrupt, D};
 use crate::virtio::{
     ActivateError, Activation, DeviceState, StateError, VirtioDevice, COMMON_FEATURES,
 };
@@ -26,28 +26,29 @@ fn config_u32(b: &Balloon, offset: u64) -> u32 {
     u32::from_le_bytes(data)
 }
 
-struct Running<'a> {
+struct Running {
     balloon: Balloon,
     control: Arc<BalloonControl>,
     interrupt: Arc<RecordingInterrupt>,
-    inflate: Driver<'a>,
-    deflate: Driver<'a>,
-    stats: Driver<'a>,
+    inflate: DriverQueue,
+    deflate: DriverQueue,
+    stats: DriverQueue,
     kicks: Vec<EventFd>,
 }
 
-fn start<'a>(mem: &'a GuestMemoryMmap, options: &str, acked: u64) -> Running<'a> {
+fn start(mem: &GuestMemoryMmap, options: &str, acked: u64) -> Running {
     let (mut balloon, control) = Balloon::from_options(options).unwrap();
-    let inflate = Driver::new(mem, GuestAddress(0), 16);
-    let deflate = Driver::new(mem, GuestAddress(0x8000), 16);
-    let stats = Driver::new(mem, GuestAddress(0x1_0000), 16);
+    let inflate = DriverQueue::new(mem, 0, 16);
+    let deflate = DriverQueue::new(mem, 0x8000, 16);
+    let stats = DriverQueue::new(mem, 0x1_0000, 16);
     let mut queues = Vec::new();
     let mut kicks = Vec::new();
     for (i, d) in [&inflate, &deflate, &stats].into_iter().enumerate() {
         if i == 2 && acked & STATS_F == 0 {
             break;
         }
-        let (q, k) = d.queue_events(i as u16);
+        let q = d.queue_events(i as u16);
+        let k = d.kick.try_clone().unwrap();
         queues.push(q);
         kicks.push(k);
     }
@@ -226,9 +227,9 @@ fn inflate_discards_guest_pages_and_skips_bad_pfns() {
     // 0x400 is just past the end of memory; u32::MAX far outside.
     let pfns = pfn_bytes(&[0x200, 0x201, 0x400, u32::MAX, 0x203]);
     mem.write_slice(&pfns, GuestAddress(0x3_0000)).unwrap();
-    let head = r.inflate.add(&[Seg::r(0x3_0000, pfns.len() as u32)]);
+    let head = r.inflate.offer(&[D::r(0x3_0000, pfns.len() as u32)]);
     r.kicks[0].write(1).unwrap();
-    assert_eq!(r.inflate.wait_used(1), vec![(head as u32, 0)]);
+    assert_eq!(r.inflate.wait_used_n(1), vec![(head as u32, 0)]);
     wait_until("the inflate interrupt", || r.interrupt.queue_count(0) == 1);
 
     let page = |pfn: u64| {
@@ -290,10 +291,10 @@ fn deflate_returns_buffers_and_counts() {
     let mut r = start(&mem, "stats=off", COMMON_FEATURES);
     let pfns = pfn_bytes(&[0x300, 0x301, 0x302]);
     mem.write_slice(&pfns, GuestAddress(0x3_0000)).unwrap();
-    let a = r.deflate.add(&[Seg::r(0x3_0000, 12)]);
-    let b = r.deflate.add(&[Seg::r(0x3_0000, 4)]);
+    let a = r.deflate.offer(&[D::r(0x3_0000, 12)]);
+    let b = r.deflate.offer(&[D::r(0x3_0000, 4)]);
     r.kicks[1].write(1).unwrap();
-    assert_eq!(r.deflate.wait_used(2), vec![(a as u32, 0), (b as u32, 0)]);
+    assert_eq!(r.deflate.wait_used_n(2), vec![(a as u32, 0), (b as u32, 0)]);
     wait_until("the deflate interrupt", || r.interrupt.queue_count(1) >= 1);
     assert_eq!(r.control.counters().deflated_pages, 4);
     assert_eq!(r.control.counters().inflated_pages, 0);
@@ -314,18 +315,18 @@ fn malformed_inflate_chains_never_panic() {
         .unwrap();
     let heads = [
         // Write-only: no PFNs to read.
-        r.inflate.add(&[Seg::w(0x3_0000, 8)]),
+        r.inflate.offer(&[D::w(0x3_0000, 8)]),
         // Outside guest memory.
-        r.inflate.add(&[Seg::r(4 * MIB - 4, 8)]),
+        r.inflate.offer(&[D::r(4 * MIB - 4, 8)]),
         // A huge length.
-        r.inflate.add(&[Seg::r(0x3_0000, u32::MAX)]),
+        r.inflate.offer(&[D::r(0x3_0000, u32::MAX)]),
         // A length that is not a multiple of 4: one whole PFN.
-        r.inflate.add(&[Seg::r(0x3_0000, 6)]),
+        r.inflate.offer(&[D::r(0x3_0000, 6)]),
     ];
     r.inflate.add_bad_head();
     r.inflate.add_looping(0x3_0000, 8, false);
     r.kicks[0].write(1).unwrap();
-    let used = r.inflate.wait_used(5);
+    let used = r.inflate.wait_used_n(5);
     assert_eq!(&used[..4], &heads.map(|h| (h as u32, 0))[..], "{used:?}");
     let mut b = [0u8; 1];
     mem.read_slice(&mut b, GuestAddress(0x380 << 12)).unwrap();
@@ -355,7 +356,7 @@ fn stats_round_trip() {
         (99, 5),
     ]);
     mem.write_slice(&first, GuestAddress(0x3_0000)).unwrap();
-    let a = r.stats.add(&[Seg::r(0x3_0000, first.len() as u32)]);
+    let a = r.stats.offer(&[D::r(0x3_0000, first.len() as u32)]);
     r.kicks[2].write(1).unwrap();
     wait_until("the first statistics", || r.control.last_stats().is_some());
     let s = r.control.last_stats().unwrap();
@@ -372,13 +373,13 @@ fn stats_round_trip() {
 
     // The host asks: the buffer goes back to the guest with an interrupt.
     r.control.request_stats();
-    assert_eq!(r.stats.wait_used(1), vec![(a as u32, 0)]);
+    assert_eq!(r.stats.wait_used_n(1), vec![(a as u32, 0)]);
     wait_until("the stats interrupt", || r.interrupt.queue_count(2) == 1);
 
     // The guest answers with fresh values.
     let second = stats_bytes(&[(tags::MEMFREE, 900 * MIB), (tags::AVAIL, 1200 * MIB)]);
     mem.write_slice(&second, GuestAddress(0x3_1000)).unwrap();
-    let b = r.stats.add(&[Seg::r(0x3_1000, second.len() as u32)]);
+    let b = r.stats.offer(&[D::r(0x3_1000, second.len() as u32)]);
     r.kicks[2].write(1).unwrap();
     wait_until("the second statistics", || {
         r.control.last_stats().and_then(|s| s.free_memory()) == Some(900 * MIB)
@@ -391,10 +392,10 @@ fn stats_round_trip() {
     // fresh_stats waits for the guest's answer.
     let control = r.control.clone();
     let waiter = std::thread::spawn(move || control.fresh_stats(Duration::from_secs(5)));
-    assert_eq!(r.stats.wait_used(1), vec![(b as u32, 0)]);
+    assert_eq!(r.stats.wait_used_n(1), vec![(b as u32, 0)]);
     let third = stats_bytes(&[(tags::MEMFREE, 800 * MIB)]);
     mem.write_slice(&third, GuestAddress(0x3_2000)).unwrap();
-    r.stats.add(&[Seg::r(0x3_2000, third.len() as u32)]);
+    r.stats.offer(&[D::r(0x3_2000, third.len() as u32)]);
     r.kicks[2].write(1).unwrap();
     let fresh = waiter.join().unwrap().expect("fresh statistics");
     assert_eq!(fresh.free_memory(), Some(800 * MIB));
@@ -420,14 +421,14 @@ fn stats_buffers_malformed_or_repeated() {
     let mut r = start(&mem, "", COMMON_FEATURES | STATS_F);
     // Outside memory, then a write-only one: no statistics, but the device
     // keeps only the last buffer and returns the others.
-    let a = r.stats.add(&[Seg::r(4 * MIB - 4, 20)]);
-    let b = r.stats.add(&[Seg::w(0x3_0000, 20)]);
+    let a = r.stats.offer(&[D::r(4 * MIB - 4, 20)]);
+    let b = r.stats.offer(&[D::w(0x3_0000, 20)]);
     // A partial trailing entry is ignored.
     let bytes = stats_bytes(&[(tags::MEMTOT, 42)]);
     mem.write_slice(&bytes, GuestAddress(0x3_0000)).unwrap();
-    r.stats.add(&[Seg::r(0x3_0000, 15)]);
+    r.stats.offer(&[D::r(0x3_0000, 15)]);
     r.kicks[2].write(1).unwrap();
-    assert_eq!(r.stats.wait_used(2), vec![(a as u32, 0), (b as u32, 0)]);
+    assert_eq!(r.stats.wait_used_n(2), vec![(a as u32, 0), (b as u32, 0)]);
     wait_until("statistics", || r.control.last_stats().is_some());
     let s = r.control.last_stats().unwrap();
     assert_eq!(s.values, vec![(tags::MEMTOT, 42)]);
@@ -437,8 +438,8 @@ fn stats_buffers_malformed_or_repeated() {
 fn activation_checks_queues() {
     let mem = memory();
     let (mut b, _) = Balloon::from_options("").unwrap();
-    let d0 = Driver::new(&mem, GuestAddress(0), 16);
-    let (q0, _) = d0.queue_events(0);
+    let d0 = DriverQueue::new(&mem, 0, 16);
+    let q0 = d0.queue_events(0);
     let err = b
         .activate(
             mem.clone(),
@@ -453,9 +454,9 @@ fn activation_checks_queues() {
     ));
 
     // STATS_VQ accepted but its queue missing.
-    let d1 = Driver::new(&mem, GuestAddress(0x8000), 16);
-    let (q0, _) = d0.queue_events(0);
-    let (q1, _) = d1.queue_events(1);
+    let d1 = DriverQueue::new(&mem, 0x8000, 16);
+    let q0 = d0.queue_events(0);
+    let q1 = d1.queue_events(1);
     let err = b
         .activate(
             mem.clone(),
@@ -470,8 +471,8 @@ fn activation_checks_queues() {
     ));
 
     // A queue index the device does not have.
-    let (q0, _) = d0.queue_events(0);
-    let (q1, _) = d1.queue_events(7);
+    let q0 = d0.queue_events(0);
+    let q1 = d1.queue_events(7);
     let err = b
         .activate(
             mem,
@@ -506,14 +507,14 @@ fn a_restored_balloon_keeps_its_sizes_and_the_stats_buffer_it_held() {
     r.balloon.write_config(4, &(256u32).to_le_bytes());
     let entries = stats_bytes(&[(tags::MEMFREE, 3 * MIB)]);
     mem.write_slice(&entries, GuestAddress(0x3_0000)).unwrap();
-    let held = r.stats.add(&[Seg::r(0x3_0000, entries.len() as u32)]);
+    let held = r.stats.offer(&[D::r(0x3_0000, entries.len() as u32)]);
     r.kicks[2].write(1).unwrap();
     wait_until("the statistics", || r.control.last_stats().is_some());
     let pfns = pfn_bytes(&[0x200, 0x201]);
     mem.write_slice(&pfns, GuestAddress(0x2_0000)).unwrap();
-    r.inflate.add(&[Seg::r(0x2_0000, 8)]);
+    r.inflate.offer(&[D::r(0x2_0000, 8)]);
     r.kicks[0].write(1).unwrap();
-    r.inflate.wait_used(1);
+    r.inflate.wait_used_n(1);
 
     let positions = r.balloon.pause().unwrap();
     let state = through_json(&r.balloon.save_state());
@@ -535,7 +536,7 @@ fn a_restored_balloon_keeps_its_sizes_and_the_stats_buffer_it_held() {
     let queues = [&r.inflate, &r.deflate, &r.stats]
         .iter()
         .enumerate()
-        .map(|(i, d)| at_saved_position(d.queue_events(i as u16).0, &positions))
+        .map(|(i, d)| at_saved_position(d.queue_events(i as u16), &positions))
         .collect();
     restored
         .restore_state(
@@ -557,7 +558,7 @@ fn a_restored_balloon_keeps_its_sizes_and_the_stats_buffer_it_held() {
     restored.resume().unwrap();
     // Asking for statistics returns the buffer the old device held.
     control.request_stats();
-    assert_eq!(r.stats.wait_used(1), vec![(u32::from(held), 0)]);
+    assert_eq!(r.stats.wait_used_n(1), vec![(u32::from(held), 0)]);
 }
 
 #[test]
@@ -575,14 +576,14 @@ fn a_balloon_with_other_features_or_a_foreign_stats_buffer_is_refused() {
     bad.held_stats = Some(16);
     let (mut balloon, _) = Balloon::from_options("").unwrap();
     let drivers = [
-        Driver::new(&mem, GuestAddress(0), 16),
-        Driver::new(&mem, GuestAddress(0x8000), 16),
-        Driver::new(&mem, GuestAddress(0x1_0000), 16),
+        DriverQueue::new(&mem, 0, 16),
+        DriverQueue::new(&mem, 0x8000, 16),
+        DriverQueue::new(&mem, 0x1_0000, 16),
     ];
     let queues = drivers
         .iter()
         .enumerate()
-        .map(|(i, d)| d.queue_events(i as u16).0)
+        .map(|(i, d)| d.queue_events(i as u16))
         .collect();
     let err = balloon
         .restore_state(

@@ -6,8 +6,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::codes::*;
 use super::*;
-use crate::virtio::rng::testing::{finishes, wait_until, Driver, RecordingInterrupt, Seg};
 use crate::virtio::state::testing::{at_saved_position, through_json};
+use crate::virtio::testing::{finishes, wait_until, DriverQueue, RecordingInterrupt, D};
 use crate::virtio::{
     ActivateError, Activation, DeviceState, StateError, VirtioDevice, COMMON_FEATURES,
 };
@@ -41,21 +41,23 @@ fn bit(bitmap: &[u8], n: u16) -> bool {
         .is_some_and(|b| b & (1 << (n % 8)) != 0)
 }
 
-struct Running<'a> {
+struct Running {
     dev: Input,
     control: Arc<InputControl>,
     interrupt: Arc<RecordingInterrupt>,
-    eventq: Driver<'a>,
-    statusq: Driver<'a>,
+    eventq: DriverQueue,
+    statusq: DriverQueue,
     kicks: Vec<EventFd>,
 }
 
-fn start<'a>(mem: &'a GuestMemoryMmap, options: &str) -> Running<'a> {
+fn start(mem: &GuestMemoryMmap, options: &str) -> Running {
     let (mut dev, control) = Input::from_options(options).unwrap();
-    let eventq = Driver::new(mem, GuestAddress(0), 16);
-    let statusq = Driver::new(mem, GuestAddress(0x8000), 16);
-    let (q0, k0) = eventq.queue_events(0);
-    let (q1, k1) = statusq.queue_events(1);
+    let eventq = DriverQueue::new(mem, 0, 16);
+    let statusq = DriverQueue::new(mem, 0x8000, 16);
+    let q0 = eventq.queue_events(0);
+    let k0 = eventq.kick.try_clone().unwrap();
+    let q1 = statusq.queue_events(1);
+    let k1 = statusq.kick.try_clone().unwrap();
     let interrupt = Arc::new(RecordingInterrupt::default());
     dev.activate(
         mem.clone(),
@@ -83,7 +85,7 @@ fn read_event(mem: &GuestMemoryMmap, addr: u64) -> InputEvent {
 /// Posts `n` 8-byte event buffers at 0x4_0000 + 0x100 * (first + i).
 fn post(r: &mut Running, first: u64, n: u64) -> Vec<u16> {
     (first..first + n)
-        .map(|i| r.eventq.add(&[Seg::w(0x4_0000 + 0x100 * i, 8)]))
+        .map(|i| r.eventq.offer(&[D::w(0x4_0000 + 0x100 * i, 8)]))
         .collect()
 }
 
@@ -237,7 +239,7 @@ fn events_reach_the_event_queue_in_order() {
     r.kicks[0].write(1).unwrap();
     r.control.key(KEY_A, true);
     r.control.key(KEY_A, false);
-    let used = r.eventq.wait_used(4);
+    let used = r.eventq.wait_used_n(4);
     assert_eq!(
         used,
         heads[..4]
@@ -276,13 +278,13 @@ fn events_wait_for_buffers() {
 
     post(&mut r, 0, 2);
     r.kicks[0].write(1).unwrap();
-    r.eventq.wait_used(2);
+    r.eventq.wait_used_n(2);
     wait_until("two deliveries", || r.control.delivered() == 2);
     assert_eq!(r.control.pending(), 8);
 
     post(&mut r, 2, 8);
     r.kicks[0].write(1).unwrap();
-    r.eventq.wait_used(8);
+    r.eventq.wait_used_n(8);
     let got: Vec<InputEvent> = (0..10)
         .map(|i| read_event(&mem, 0x4_0000 + 0x100 * i))
         .collect();
@@ -317,7 +319,7 @@ fn overflow_drops_the_oldest_and_counts() {
     assert_eq!(r.control.pending(), EVENT_QUEUE_CAPACITY);
     post(&mut r, 0, 3);
     r.kicks[0].write(1).unwrap();
-    r.eventq.wait_used(3);
+    r.eventq.wait_used_n(3);
     let values: Vec<i32> = (0..3)
         .map(|i| read_event(&mem, 0x4_0000 + 0x100 * i).value)
         .collect();
@@ -333,10 +335,10 @@ fn events_without_a_driver_are_dropped() {
     assert_eq!(control.dropped(), 2);
 
     let mem = memory();
-    let eventq = Driver::new(&mem, GuestAddress(0), 16);
-    let statusq = Driver::new(&mem, GuestAddress(0x8000), 16);
-    let (q0, _) = eventq.queue_events(0);
-    let (q1, _) = statusq.queue_events(1);
+    let eventq = DriverQueue::new(&mem, 0, 16);
+    let statusq = DriverQueue::new(&mem, 0x8000, 16);
+    let q0 = eventq.queue_events(0);
+    let q1 = statusq.queue_events(1);
     dev.activate(
         mem.clone(),
         Arc::new(RecordingInterrupt::default()),
@@ -360,9 +362,9 @@ fn status_queue_is_consumed_and_leds_recorded() {
     bytes.extend_from_slice(&InputEvent::new(EV_LED, LED_CAPSL, 1).to_bytes());
     bytes.extend_from_slice(&InputEvent::new(EV_LED, LED_NUML, 1).to_bytes());
     mem.write_slice(&bytes, GuestAddress(0x5_0000)).unwrap();
-    let a = r.statusq.add(&[Seg::r(0x5_0000, 16)]);
+    let a = r.statusq.offer(&[D::r(0x5_0000, 16)]);
     r.kicks[1].write(1).unwrap();
-    assert_eq!(r.statusq.wait_used(1), vec![(u32::from(a), 0)]);
+    assert_eq!(r.statusq.wait_used_n(1), vec![(u32::from(a), 0)]);
     wait_until("the LEDs", || r.control.leds() == 0b011);
     wait_until("the status interrupt", || r.interrupt.queue_count(1) == 1);
 
@@ -372,13 +374,13 @@ fn status_queue_is_consumed_and_leds_recorded() {
     )
     .unwrap();
     // Malformed ones first: write-only, outside memory, a bad head.
-    let bad1 = r.statusq.add(&[Seg::w(0x5_0000, 8)]);
-    let bad2 = r.statusq.add(&[Seg::r(0x10_0000 - 4, 8)]);
+    let bad1 = r.statusq.offer(&[D::w(0x5_0000, 8)]);
+    let bad2 = r.statusq.offer(&[D::r(0x10_0000 - 4, 8)]);
     r.statusq.add_bad_head();
-    let b = r.statusq.add(&[Seg::r(0x5_1000, 8)]);
+    let b = r.statusq.offer(&[D::r(0x5_1000, 8)]);
     r.kicks[1].write(1).unwrap();
     assert_eq!(
-        r.statusq.wait_used(3),
+        r.statusq.wait_used_n(3),
         vec![
             (u32::from(bad1), 0),
             (u32::from(bad2), 0),
@@ -392,17 +394,17 @@ fn status_queue_is_consumed_and_leds_recorded() {
 fn unusable_event_buffers_are_returned_and_the_event_kept() {
     let mem = memory();
     let mut r = start(&mem, "keyboard");
-    let short = r.eventq.add(&[Seg::w(0x4_0000, 4)]);
-    let read_only = r.eventq.add(&[Seg::r(0x4_0100, 8)]);
-    let outside = r.eventq.add(&[Seg::w(0x10_0000 - 4, 8)]);
+    let short = r.eventq.offer(&[D::w(0x4_0000, 4)]);
+    let read_only = r.eventq.offer(&[D::r(0x4_0100, 8)]);
+    let outside = r.eventq.offer(&[D::w(0x10_0000 - 4, 8)]);
     r.eventq.add_bad_head();
-    let huge = r.eventq.add(&[Seg::w(0x4_0200, u32::MAX)]);
-    let good = r.eventq.add(&[Seg::w(0x4_0300, 8)]);
+    let huge = r.eventq.offer(&[D::w(0x4_0200, u32::MAX)]);
+    let good = r.eventq.offer(&[D::w(0x4_0300, 8)]);
     // Split across two descriptors works too.
-    let split = r.eventq.add(&[Seg::w(0x4_0400, 3), Seg::w(0x4_0500, 5)]);
+    let split = r.eventq.offer(&[D::w(0x4_0400, 3), D::w(0x4_0500, 5)]);
     r.control.key(KEY_ESC, true);
     assert_eq!(
-        r.eventq.wait_used(6),
+        r.eventq.wait_used_n(6),
         vec![
             (u32::from(short), 0),
             (u32::from(read_only), 0),
@@ -428,8 +430,8 @@ fn unusable_event_buffers_are_returned_and_the_event_kept() {
 fn activation_needs_both_queues() {
     let mem = memory();
     let (mut dev, control) = Input::from_options("tablet").unwrap();
-    let eventq = Driver::new(&mem, GuestAddress(0), 16);
-    let (q0, _) = eventq.queue_events(0);
+    let eventq = DriverQueue::new(&mem, 0, 16);
+    let q0 = eventq.queue_events(0);
     let err = dev
         .activate(
             mem,
@@ -477,15 +479,15 @@ fn a_restored_input_device_delivers_what_was_pending() {
     // events were delivered, the rest wait for buffers.
     let led = InputEvent::new(EV_LED, LED_CAPSL, 1).to_bytes();
     mem.write_slice(&led, GuestAddress(0x5_0000)).unwrap();
-    r.statusq.add(&[Seg::r(0x5_0000, 8)]);
+    r.statusq.offer(&[D::r(0x5_0000, 8)]);
     r.kicks[1].write(1).unwrap();
-    r.statusq.wait_used(1);
+    r.statusq.wait_used_n(1);
     wait_until("the LEDs", || r.control.leds() == 0b010);
     r.dev.write_config(0, &[CFG_ID_NAME, 0]);
     post(&mut r, 0, 2);
     r.kicks[0].write(1).unwrap();
     r.control.pointer_abs(10, 20); // three events
-    r.eventq.wait_used(2);
+    r.eventq.wait_used_n(2);
     wait_until("two deliveries", || r.control.delivered() == 2);
 
     let positions = r.dev.pause().unwrap();
@@ -500,8 +502,9 @@ fn a_restored_input_device_delivers_what_was_pending() {
     drop(r.dev);
 
     let (mut restored, control) = Input::from_options("tablet,width=1024,height=768").unwrap();
-    let (q0, k0) = r.eventq.queue_events(0);
-    let (q1, _k1) = r.statusq.queue_events(1);
+    let q0 = r.eventq.queue_events(0);
+    let k0 = r.eventq.kick.try_clone().unwrap();
+    let q1 = r.statusq.queue_events(1);
     restored
         .restore_state(
             &state,
@@ -523,11 +526,11 @@ fn a_restored_input_device_delivers_what_was_pending() {
     restored.read_config(8, &mut name);
     assert_eq!(&name, b"hakoniwa");
     for i in 2..5 {
-        r.eventq.add(&[Seg::w(0x4_0000 + 0x100 * i, 8)]);
+        r.eventq.offer(&[D::w(0x4_0000 + 0x100 * i, 8)]);
     }
     restored.resume().unwrap();
     k0.write(1).unwrap();
-    r.eventq.wait_used(3);
+    r.eventq.wait_used_n(3);
     let got: Vec<InputEvent> = (2..5)
         .map(|i| read_event(&mem, 0x4_0000 + 0x100 * i))
         .collect();

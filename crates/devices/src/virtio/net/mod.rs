@@ -21,8 +21,6 @@ mod device;
 mod handler;
 pub mod tap;
 #[cfg(test)]
-pub(crate) mod test_utils;
-#[cfg(test)]
 mod tests;
 
 use std::io;

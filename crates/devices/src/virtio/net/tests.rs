@@ -1,6 +1,7 @@
-//! virtio-net tests: the device driven through mock split queues, with a
-//! datagram socket pair standing in for the TAP (every run) and a real TAP
-//! plus an AF_PACKET socket on it (when /dev/net/tun can be used).
+//! virtio-net tests: the device driven through split queues in test guest
+//! memory (`virtio::testing`), with a datagram socket pair standing in for
+//! the TAP (every run) and a real TAP plus an AF_PACKET socket on it (when
+//! /dev/net/tun can be used).
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -13,11 +14,11 @@ use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 use super::device::tap_offloads;
-use super::test_utils::{
-    guest_memory, thread_cpu_ticks, wait_for, DriverQueue, RecordingInterrupt, D,
-};
 use super::*;
 use crate::virtio::state::testing::{at_saved_position, through_json};
+use crate::virtio::testing::{
+    guest_memory, thread_cpu_ticks, wait_until, DriverQueue, RecordingInterrupt, D,
+};
 use crate::virtio::{
     ActivateError, Activation, DeviceState, QueuePosition, QueueT, StateError, VirtioDevice,
     COMMON_FEATURES,
@@ -90,8 +91,8 @@ fn rig_named(id: &str, acked: u64) -> Rig {
 
 fn rig_with(mut net: Net, acked: u64) -> Rig {
     let mem = guest_memory();
-    let rx = DriverQueue::new(&mem, 0x1000, 256, 0x10_0000, 0x80_0000);
-    let tx = DriverQueue::new(&mem, 0x1_0000, 256, 0x90_0000, 0x80_0000);
+    let rx = DriverQueue::with_data(&mem, 0x1000, 256, 0x10_0000, 0x80_0000);
+    let tx = DriverQueue::with_data(&mem, 0x1_0000, 256, 0x90_0000, 0x80_0000);
     let irq = RecordingInterrupt::new();
     net.activate(
         mem,
@@ -164,7 +165,7 @@ fn tx_frames_reach_the_backend_header_and_all() {
     assert_eq!(got, [h, fr].concat());
     let used = r.tx.wait_used();
     assert_eq!((used.head, used.len), (head, 0));
-    wait_for("tx interrupt", || r.irq.count(TX_QUEUE) > 0);
+    wait_until("tx interrupt", || r.irq.queue_count(TX_QUEUE) > 0);
     let m = r.net.metrics_snapshot();
     assert_eq!((m.tx_frames, m.tx_bytes, m.tx_dropped), (1, 60, 0));
 }
@@ -184,7 +185,7 @@ fn rx_frames_fill_mergeable_buffers() {
     }
     assert_eq!(u16::from_le_bytes([got[10], got[11]]), 3, "num_buffers");
     assert_eq!(&got[NET_HDR_LEN..], &fr[..]);
-    wait_for("rx interrupt", || r.irq.count(RX_QUEUE) > 0);
+    wait_until("rx interrupt", || r.irq.queue_count(RX_QUEUE) > 0);
 
     // A small frame takes one buffer and says so.
     let (head, addrs) = r.rx.add_kick(&[D::W(1526)]);
@@ -242,7 +243,7 @@ fn rx_without_mergeable_buffers_needs_one_chain_per_frame() {
     // Too big for the chain: dropped, the chain stays with the device.
     let (small, small_addrs) = r.rx.add_kick(&[D::W(40)]);
     r.peer.send(&[hdr(), frame(50, 7)].concat()).unwrap();
-    wait_for("a drop", || r.net.metrics_snapshot().rx_dropped == 1);
+    wait_until("a drop", || r.net.metrics_snapshot().rx_dropped == 1);
     r.rx.assert_idle(20);
     let fr = frame(20, 8);
     r.peer.send(&[hdr(), fr.clone()].concat()).unwrap();
@@ -326,10 +327,16 @@ fn event_idx_suppresses_interrupts_until_used_event() {
         r.tx.wait_used();
     }
     std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(r.irq.count(TX_QUEUE), 0, "interrupt before used_event");
+    assert_eq!(
+        r.irq.queue_count(TX_QUEUE),
+        0,
+        "interrupt before used_event"
+    );
     r.tx.add_kick(&[D::R([hdr(), frame(60, 3)].concat())]);
     r.tx.wait_used();
-    wait_for("tx interrupt at used_event", || r.irq.count(TX_QUEUE) == 1);
+    wait_until("tx interrupt at used_event", || {
+        r.irq.queue_count(TX_QUEUE) == 1
+    });
 }
 
 #[test]
@@ -344,7 +351,7 @@ fn rx_short_of_merged_buffers_asks_for_the_drivers_next_buffer() {
     let fr = frame(140, 20); // 152 bytes with its header: three buffers
     r.peer.send(&[hdr(), fr.clone()].concat()).unwrap();
     r.rx.assert_idle(50);
-    wait_for("avail_event at the driver's index", || {
+    wait_until("avail_event at the driver's index", || {
         r.rx.avail_event() == 2
     });
     let third = r.rx.add(&[D::W(64)]);
@@ -485,8 +492,8 @@ fn activate_checks_queues_and_reset_allows_a_new_activation() {
     assert!(matches!(err, ActivateError::InvalidQueue(0)), "{err}");
 
     // A fresh driver: new queues, the device works again.
-    let mut rx = DriverQueue::new(&mem, 0x2_0000, 256, 0x100_0000, 0x10_0000);
-    let mut tx = DriverQueue::new(&mem, 0x3_0000, 256, 0x110_0000, 0x10_0000);
+    let mut rx = DriverQueue::with_data(&mem, 0x2_0000, 256, 0x100_0000, 0x10_0000);
+    let mut tx = DriverQueue::with_data(&mem, 0x3_0000, 256, 0x110_0000, 0x10_0000);
     r.net
         .activate(
             mem,

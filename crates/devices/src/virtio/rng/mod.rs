@@ -22,9 +22,6 @@ use super::worker::{EpollLoop, WorkerHandler};
 use crate::options::{invalid, Options, OptionsError};
 use crate::GuestMemoryMmap;
 
-#[cfg(test)]
-pub(crate) mod testing;
-
 /// The virtio device id of an entropy device.
 pub const VIRTIO_ID_RNG: u32 = 4;
 /// The most bytes written into one request.
@@ -324,18 +321,22 @@ fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::testing::{Driver, RecordingInterrupt, Seg};
     use super::*;
+    use crate::virtio::testing::{finishes, wait_until, DriverQueue, RecordingInterrupt, D};
     use vm_memory::{Bytes, GuestAddress};
 
     fn memory() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap()
     }
 
-    fn activate(mem: &GuestMemoryMmap, driver: &Driver) -> (Rng, Arc<RecordingInterrupt>, EventFd) {
+    fn activate(
+        mem: &GuestMemoryMmap,
+        driver: &DriverQueue,
+    ) -> (Rng, Arc<RecordingInterrupt>, EventFd) {
         let mut rng = Rng::from_options("").unwrap();
         let interrupt = Arc::new(RecordingInterrupt::default());
-        let (queue_events, kick) = driver.queue_events(0);
+        let queue_events = driver.queue_events(0);
+        let kick = driver.kick.try_clone().unwrap();
         rng.activate(
             mem.clone(),
             interrupt.clone(),
@@ -376,16 +377,16 @@ mod tests {
     #[test]
     fn requests_are_filled_and_lengths_reported() {
         let mem = memory();
-        let mut driver = Driver::new(&mem, GuestAddress(0), 16);
+        let mut driver = DriverQueue::new(&mem, 0, 16);
         let (_rng, interrupt, kick) = activate(&mem, &driver);
 
         // Zeroed buffers: after the request they must not be all zeros.
-        let a = driver.add(&[Seg::w(0x2_0000, 64)]);
-        let b = driver.add(&[Seg::w(0x3_0000, 100), Seg::w(0x3_1000, 28)]);
+        let a = driver.offer(&[D::w(0x2_0000, 64)]);
+        let b = driver.offer(&[D::w(0x3_0000, 100), D::w(0x3_1000, 28)]);
         kick.write(1).unwrap();
-        let used = driver.wait_used(2);
+        let used = driver.wait_used_n(2);
         assert_eq!(used, vec![(a as u32, 64), (b as u32, 128)]);
-        super::testing::wait_until("the queue interrupt", || interrupt.queue_count(0) >= 1);
+        wait_until("the queue interrupt", || interrupt.queue_count(0) >= 1);
         let mut out = [0u8; 64];
         mem.read_slice(&mut out, GuestAddress(0x2_0000)).unwrap();
         assert_ne!(out, [0u8; 64]);
@@ -402,25 +403,25 @@ mod tests {
     #[test]
     fn malformed_chains_get_zero_length() {
         let mem = memory();
-        let mut driver = Driver::new(&mem, GuestAddress(0), 16);
+        let mut driver = DriverQueue::new(&mem, 0, 16);
         let (_rng, _interrupt, kick) = activate(&mem, &driver);
 
         // Read-only buffer only.
-        let ro = driver.add(&[Seg::r(0x2_0000, 64)]);
+        let ro = driver.offer(&[D::r(0x2_0000, 64)]);
         // Outside guest memory.
-        let out = driver.add(&[Seg::w(0x10_0000 - 8, 64)]);
+        let out = driver.offer(&[D::w(0x10_0000 - 8, 64)]);
         // Huge length.
-        let huge = driver.add(&[Seg::w(0x2_0000, u32::MAX)]);
+        let huge = driver.offer(&[D::w(0x2_0000, u32::MAX)]);
         // A large but valid buffer is capped.
-        let big = driver.add(&[Seg::w(0x4_0000, 0x8_0000)]);
+        let big = driver.offer(&[D::w(0x4_0000, 0x8_0000)]);
         // A chain that loops on itself.
         let looped = driver.add_looping(0x2_0000, 16, true);
         // A head index past the descriptor table: skipped by the queue.
         driver.add_bad_head();
         // A valid one after all that still works.
-        let ok = driver.add(&[Seg::w(0x2_0000, 16)]);
+        let ok = driver.offer(&[D::w(0x2_0000, 16)]);
         kick.write(1).unwrap();
-        let used = driver.wait_used(6);
+        let used = driver.wait_used_n(6);
         // virtio-queue bounds a looping chain by the queue size: at most 16
         // visits of the 16-byte buffer, all inside guest memory.
         assert_eq!(used[4].0, looped as u32);
@@ -446,37 +447,38 @@ mod tests {
     #[test]
     fn reset_stops_and_reactivation_works() {
         let mem = memory();
-        let mut driver = Driver::new(&mem, GuestAddress(0), 16);
+        let mut driver = DriverQueue::new(&mem, 0, 16);
         let (mut rng, _interrupt, kick) = activate(&mem, &driver);
         assert!(rng.is_active());
         rng.reset();
         assert!(!rng.is_active());
-        driver.add(&[Seg::w(0x2_0000, 8)]);
+        driver.offer(&[D::w(0x2_0000, 8)]);
         kick.write(1).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(driver.used().is_empty(), "a reset device served a request");
 
-        let mut driver = Driver::new(&mem, GuestAddress(0), 16);
+        let mut driver = DriverQueue::new(&mem, 0, 16);
         let interrupt = Arc::new(RecordingInterrupt::default());
-        let (queue_events, kick) = driver.queue_events(0);
+        let queue_events = driver.queue_events(0);
+        let kick = driver.kick.try_clone().unwrap();
         rng.activate(mem.clone(), interrupt, vec![queue_events], 0)
             .unwrap();
-        let head = driver.add(&[Seg::w(0x2_0000, 8)]);
+        let head = driver.offer(&[D::w(0x2_0000, 8)]);
         kick.write(1).unwrap();
-        assert_eq!(driver.wait_used(1), vec![(head as u32, 8)]);
+        assert_eq!(driver.wait_used_n(1), vec![(head as u32, 8)]);
     }
 
     #[test]
     fn a_broken_available_index_does_not_spin_the_worker() {
         let mem = memory();
-        let mut driver = Driver::new(&mem, GuestAddress(0), 16);
+        let mut driver = DriverQueue::new(&mem, 0, 16);
         let (mut rng, _interrupt, kick) = activate(&mem, &driver);
         driver.set_avail_idx(1000);
         kick.write(1).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(driver.used().is_empty());
         // A spinning worker would never see the stop request.
-        let rng = super::testing::finishes("the reset", move || {
+        let rng = finishes("the reset", move || {
             rng.reset();
             rng
         });
@@ -486,10 +488,11 @@ mod tests {
     #[test]
     fn event_idx_suppresses_interrupts_the_driver_does_not_want() {
         let mem = memory();
-        let mut driver = Driver::new(&mem, GuestAddress(0), 16);
+        let mut driver = DriverQueue::new(&mem, 0, 16);
         let mut rng = Rng::new(RngConfig::default());
         let interrupt = Arc::new(RecordingInterrupt::default());
-        let (mut queue_events, kick) = driver.queue_events(0);
+        let mut queue_events = driver.queue_events(0);
+        let kick = driver.kick.try_clone().unwrap();
         queue_events.queue.set_event_idx(true);
         // Interrupt only after the third buffer (used index passes 2).
         driver.set_used_event(2);
@@ -501,26 +504,26 @@ mod tests {
         )
         .unwrap();
         for _ in 0..2 {
-            driver.add(&[Seg::w(0x2_0000, 8)]);
+            driver.offer(&[D::w(0x2_0000, 8)]);
             kick.write(1).unwrap();
-            driver.wait_used(1);
+            driver.wait_used_n(1);
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert_eq!(interrupt.queue_count(0), 0);
-        driver.add(&[Seg::w(0x2_0000, 8)]);
+        driver.offer(&[D::w(0x2_0000, 8)]);
         kick.write(1).unwrap();
-        driver.wait_used(1);
-        super::testing::wait_until("the interrupt", || interrupt.queue_count(0) == 1);
+        driver.wait_used_n(1);
+        wait_until("the interrupt", || interrupt.queue_count(0) == 1);
     }
 
     #[test]
     fn a_paused_device_serves_nothing_and_resumes_where_it_stopped() {
         let mem = memory();
-        let mut driver = Driver::new(&mem, GuestAddress(0), 16);
+        let mut driver = DriverQueue::new(&mem, 0, 16);
         let (mut rng, _interrupt, kick) = activate(&mem, &driver);
-        let a = driver.add(&[Seg::w(0x2_0000, 8)]);
+        let a = driver.offer(&[D::w(0x2_0000, 8)]);
         kick.write(1).unwrap();
-        assert_eq!(driver.wait_used(1), vec![(a as u32, 8)]);
+        assert_eq!(driver.wait_used_n(1), vec![(a as u32, 8)]);
 
         let at = QueuePosition {
             index: 0,
@@ -529,33 +532,34 @@ mod tests {
         };
         assert_eq!(rng.pause().unwrap(), vec![at]);
         // A request made while paused waits; pausing again changes nothing.
-        let b = driver.add(&[Seg::w(0x2_0000, 16)]);
+        let b = driver.offer(&[D::w(0x2_0000, 16)]);
         kick.write(1).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(driver.used().is_empty(), "a paused device served a request");
         assert_eq!(rng.pause().unwrap(), vec![at]);
         rng.resume().unwrap();
-        assert_eq!(driver.wait_used(1), vec![(b as u32, 16)]);
+        assert_eq!(driver.wait_used_n(1), vec![(b as u32, 16)]);
     }
 
     #[test]
     fn a_restored_device_serves_from_the_saved_position() {
         use crate::virtio::state::testing::{at_saved_position, through_json};
         let mem = memory();
-        let mut driver = Driver::new(&mem, GuestAddress(0), 16);
+        let mut driver = DriverQueue::new(&mem, 0, 16);
         let (mut source, _interrupt, kick) = activate(&mem, &driver);
-        let heads: Vec<u16> = (0..3).map(|_| driver.add(&[Seg::w(0x2_0000, 8)])).collect();
+        let heads: Vec<u16> = (0..3).map(|_| driver.offer(&[D::w(0x2_0000, 8)])).collect();
         kick.write(1).unwrap();
-        assert_eq!(driver.wait_used(3).len(), 3);
+        assert_eq!(driver.wait_used_n(3).len(), 3);
         let positions = source.pause().unwrap();
         let state = through_json(&source.save_state());
         drop(source);
 
         // The guest queues a request whose kick went to the old VMM.
-        let next = driver.add(&[Seg::w(0x3_0000, 32)]);
+        let next = driver.offer(&[D::w(0x3_0000, 32)]);
         let mut restored = Rng::new(RngConfig::default());
         let interrupt = Arc::new(RecordingInterrupt::default());
-        let (events, kick) = driver.queue_events(0);
+        let events = driver.queue_events(0);
+        let kick = driver.kick.try_clone().unwrap();
         restored
             .restore_state(
                 &state,
@@ -573,7 +577,7 @@ mod tests {
         assert!(driver.used().is_empty(), "served before the resume");
         restored.resume().unwrap();
         // Only the new request: the three before it are not served again.
-        assert_eq!(driver.wait_used(1), vec![(next as u32, 32)]);
+        assert_eq!(driver.wait_used_n(1), vec![(next as u32, 32)]);
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(driver.used().is_empty(), "{heads:?} served twice");
         let mut out = [0u8; 32];

@@ -1,5 +1,6 @@
-//! virtio-vsock tests: the device driven through mock split queues (the
-//! guest side) and real Unix sockets (the host side).
+//! virtio-vsock tests: the device driven through split queues in test
+//! guest memory (`virtio::testing`, the guest side) and real Unix sockets
+//! (the host side).
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -12,8 +13,8 @@ use super::connection::BUF_ALLOC;
 use super::muxer::{CONNECT_TIMEOUT, MAX_PENDING_CONTROL};
 use super::packet::*;
 use super::*;
-use crate::virtio::net::test_utils::{guest_memory, wait_for, DriverQueue, RecordingInterrupt, D};
 use crate::virtio::state::testing::{at_saved_position, through_json};
+use crate::virtio::testing::{guest_memory, wait_until, DriverQueue, RecordingInterrupt, Used, D};
 use crate::virtio::{
     ActivateError, Activation, DeviceState, StateError, VirtioDevice, COMMON_FEATURES,
 };
@@ -65,9 +66,9 @@ fn rig_with(acked: u64, rx_payload: u32, rx_count: usize) -> Rig {
     let mut dev =
         Vsock::from_options(&format!("cid={CID},uds={}", uds.display()), "vsock0").unwrap();
     let mem = guest_memory();
-    let rx = DriverQueue::new(&mem, 0x1000, 256, 0x10_0000, 0xc0_0000);
-    let tx = DriverQueue::new(&mem, 0x1_0000, 256, 0xd0_0000, 0xc0_0000);
-    let ev = DriverQueue::new(&mem, 0x2_0000, 256, 0x1a0_0000, 0x10_0000);
+    let rx = DriverQueue::with_data(&mem, 0x1000, 256, 0x10_0000, 0xc0_0000);
+    let tx = DriverQueue::with_data(&mem, 0x1_0000, 256, 0xd0_0000, 0xc0_0000);
+    let ev = DriverQueue::with_data(&mem, 0x2_0000, 256, 0x1a0_0000, 0x10_0000);
     let irq = RecordingInterrupt::new();
     dev.activate(
         mem,
@@ -139,7 +140,7 @@ impl Rig {
         self.read_used(u)
     }
 
-    fn read_used(&mut self, u: crate::virtio::net::test_utils::Used) -> (VsockHeader, Vec<u8>) {
+    fn read_used(&mut self, u: Used) -> (VsockHeader, Vec<u8>) {
         let (ha, pa) = self.rx_bufs.remove(&u.head).expect("unknown rx head");
         assert!(u.len as usize >= HDR_LEN, "short rx packet {u:?}");
         let raw: [u8; HDR_LEN] = self.rx.read(ha, HDR_LEN).try_into().unwrap();
@@ -228,7 +229,7 @@ fn host_initiated_connection_carries_data_both_ways_and_closes() {
     assert_eq!(req.dst_port, 1234);
     assert!(req.src_port >= 1 << 30, "host port {}", req.src_port);
     assert_eq!((req.buf_alloc, req.fwd_cnt), (BUF_ALLOC, 0));
-    wait_for("rx interrupt", || r.irq.count(RX_QUEUE) > 0);
+    wait_until("rx interrupt", || r.irq.queue_count(RX_QUEUE) > 0);
     let local = req.src_port;
 
     r.send(hdr(OP_RESPONSE, 1234, local), &[]);
@@ -353,7 +354,7 @@ fn guest_initiated_connection_reaches_uds_port_listener() {
     let (sd, _) = r.recv_op(OP_SHUTDOWN);
     assert_eq!(sd.flags, SHUTDOWN_BOTH);
     r.send(hdr(OP_RST, 7000, 52), &[]);
-    wait_for("connection gone", || r.connections() == 0);
+    wait_until("connection gone", || r.connections() == 0);
 }
 
 #[test]
@@ -625,9 +626,9 @@ fn config_features_and_lifecycle() {
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
     (&waiting).write_all(b"CONNECT 21\n").unwrap();
-    let mut rx = DriverQueue::new(&mem, 0x3_0000, 256, 0x1b0_0000, 0x10_0000);
-    let tx = DriverQueue::new(&mem, 0x4_0000, 256, 0x1c0_0000, 0x10_0000);
-    let ev = DriverQueue::new(&mem, 0x5_0000, 256, 0x1d0_0000, 0x10_0000);
+    let mut rx = DriverQueue::with_data(&mem, 0x3_0000, 256, 0x1b0_0000, 0x10_0000);
+    let tx = DriverQueue::with_data(&mem, 0x4_0000, 256, 0x1c0_0000, 0x10_0000);
+    let ev = DriverQueue::with_data(&mem, 0x5_0000, 256, 0x1d0_0000, 0x10_0000);
     r.dev
         .activate(
             mem,
@@ -653,9 +654,9 @@ fn event_idx_is_honoured() {
     r.send(hdr(OP_RST, 1, 1), &[]);
     r.send(hdr(OP_RST, 1, 2), &[]);
     std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(r.irq.count(TX_QUEUE), 0);
+    assert_eq!(r.irq.queue_count(TX_QUEUE), 0);
     r.send(hdr(OP_RST, 1, 3), &[]);
-    wait_for("tx interrupt", || r.irq.count(TX_QUEUE) == 1);
+    wait_until("tx interrupt", || r.irq.queue_count(TX_QUEUE) == 1);
 }
 
 #[test]
@@ -714,7 +715,7 @@ fn a_restored_device_resets_the_transport_and_takes_new_connections() {
     let used = r.ev.wait_used();
     assert_eq!((used.head, used.len), (event_head, 4));
     assert_eq!(r.ev.read(event_addrs[0], 4), 0u32.to_le_bytes());
-    wait_for("the event interrupt", || r.irq.count(EVENT_QUEUE) > 0);
+    wait_until("the event interrupt", || r.irq.queue_count(EVENT_QUEUE) > 0);
     // The rx buffers the guest posted before the snapshot are used in
     // order for a new connection.
     let (host, _) = established(&mut r, 4321);
