@@ -280,6 +280,58 @@ fn check_queues(
     })
 }
 
+/// The [`VirtioDevice`] lifecycle methods — `activate`, `reset`, `pause`,
+/// `resume`, `restore_state` — for a device that implements
+/// [`QueueDevice`]: written once here, expanded inside each device's
+/// `impl VirtioDevice`, so a device writes only what is its own.
+macro_rules! lifecycle_methods {
+    () => {
+        fn activate(
+            &mut self,
+            memory: $crate::GuestMemoryMmap,
+            interrupt: ::std::sync::Arc<dyn $crate::virtio::VirtioInterrupt>,
+            queues: ::std::vec::Vec<$crate::virtio::QueueEvents>,
+            acked_features: u64,
+        ) -> ::std::result::Result<(), $crate::virtio::ActivateError> {
+            $crate::virtio::lifecycle::activate(
+                self,
+                $crate::virtio::Activation {
+                    memory,
+                    interrupt,
+                    queues,
+                    acked_features,
+                },
+            )
+        }
+
+        fn reset(&mut self) {
+            $crate::virtio::lifecycle::reset(self);
+        }
+
+        fn pause(
+            &mut self,
+        ) -> ::std::result::Result<
+            ::std::vec::Vec<$crate::virtio::QueuePosition>,
+            $crate::virtio::StateError,
+        > {
+            $crate::virtio::lifecycle::QueueDevice::lifecycle(self).pause()
+        }
+
+        fn resume(&mut self) -> ::std::result::Result<(), $crate::virtio::StateError> {
+            $crate::virtio::lifecycle::QueueDevice::lifecycle(self).resume()
+        }
+
+        fn restore_state(
+            &mut self,
+            state: &$crate::virtio::DeviceState,
+            activation: ::std::option::Option<$crate::virtio::Activation>,
+        ) -> ::std::result::Result<(), $crate::virtio::StateError> {
+            $crate::virtio::lifecycle::restore(self, state, activation)
+        }
+    };
+}
+pub(crate) use lifecycle_methods;
+
 #[cfg(test)]
 mod tests {
     use super::*;

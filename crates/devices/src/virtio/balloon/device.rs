@@ -154,33 +154,7 @@ impl VirtioDevice for Balloon {
         state.actual = u32::from_le_bytes(actual);
     }
 
-    fn activate(
-        &mut self,
-        memory: GuestMemoryMmap,
-        interrupt: Arc<dyn VirtioInterrupt>,
-        queues: Vec<QueueEvents>,
-        acked_features: u64,
-    ) -> Result<(), ActivateError> {
-        let activation = Activation {
-            memory,
-            interrupt,
-            queues,
-            acked_features,
-        };
-        lifecycle::activate(self, activation)
-    }
-
-    fn reset(&mut self) {
-        lifecycle::reset(self);
-    }
-
-    fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
-        self.lifecycle.pause()
-    }
-
-    fn resume(&mut self) -> Result<(), StateError> {
-        self.lifecycle.resume()
-    }
+    lifecycle::lifecycle_methods!();
 
     fn save_state(&self) -> DeviceState {
         // Only a parked worker can be looked at; a running one's buffer
@@ -197,14 +171,6 @@ impl VirtioDevice for Balloon {
             invalid_pfns: state.counters.invalid_pfns,
             discard_errors: state.counters.discard_errors,
         })
-    }
-
-    fn restore_state(
-        &mut self,
-        state: &DeviceState,
-        activation: Option<Activation>,
-    ) -> Result<(), StateError> {
-        lifecycle::restore(self, state, activation)
     }
 }
 

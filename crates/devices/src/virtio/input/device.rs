@@ -138,33 +138,7 @@ impl VirtioDevice for Input {
         }
     }
 
-    fn activate(
-        &mut self,
-        memory: GuestMemoryMmap,
-        interrupt: Arc<dyn VirtioInterrupt>,
-        queues: Vec<QueueEvents>,
-        acked_features: u64,
-    ) -> Result<(), ActivateError> {
-        let activation = Activation {
-            memory,
-            interrupt,
-            queues,
-            acked_features,
-        };
-        lifecycle::activate(self, activation)
-    }
-
-    fn reset(&mut self) {
-        lifecycle::reset(self);
-    }
-
-    fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
-        self.lifecycle.pause()
-    }
-
-    fn resume(&mut self) -> Result<(), StateError> {
-        self.lifecycle.resume()
-    }
+    lifecycle::lifecycle_methods!();
 
     fn save_state(&self) -> DeviceState {
         let state = self.control.lock();
@@ -180,14 +154,6 @@ impl VirtioDevice for Input {
                 .map(|e| (e.event_type, e.code, e.value))
                 .collect(),
         })
-    }
-
-    fn restore_state(
-        &mut self,
-        state: &DeviceState,
-        activation: Option<Activation>,
-    ) -> Result<(), StateError> {
-        lifecycle::restore(self, state, activation)
     }
 }
 

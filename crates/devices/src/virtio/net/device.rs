@@ -19,10 +19,9 @@ use crate::virtio::lifecycle::{
     self, queue_array, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop,
 };
 use crate::virtio::{
-    ActivateError, Activation, DeviceState, QueueEvents, QueuePosition, StateError, VirtioDevice,
-    VirtioInterrupt, COMMON_FEATURES,
+    ActivateError, Activation, DeviceState, QueuePosition, StateError, VirtioDevice,
+    COMMON_FEATURES,
 };
-use crate::GuestMemoryMmap;
 
 const fn bit(b: u32) -> u64 {
     1 << b
@@ -190,47 +189,13 @@ impl VirtioDevice for Net {
         );
     }
 
-    fn activate(
-        &mut self,
-        memory: GuestMemoryMmap,
-        interrupt: Arc<dyn VirtioInterrupt>,
-        queues: Vec<QueueEvents>,
-        acked_features: u64,
-    ) -> Result<(), ActivateError> {
-        let activation = Activation {
-            memory,
-            interrupt,
-            queues,
-            acked_features,
-        };
-        lifecycle::activate(self, activation)
-    }
-
-    fn reset(&mut self) {
-        lifecycle::reset(self);
-    }
-
-    fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
-        self.lifecycle.pause()
-    }
-
-    fn resume(&mut self) -> Result<(), StateError> {
-        self.lifecycle.resume()
-    }
+    lifecycle::lifecycle_methods!();
 
     fn save_state(&self) -> DeviceState {
         DeviceState::Net(NetState {
             config: self.config.to_vec(),
             features: self.features,
         })
-    }
-
-    fn restore_state(
-        &mut self,
-        state: &DeviceState,
-        activation: Option<Activation>,
-    ) -> Result<(), StateError> {
-        lifecycle::restore(self, state, activation)
     }
 }
 

@@ -18,10 +18,8 @@ use super::{
 use crate::options::OptionsError;
 use crate::virtio::lifecycle::{self, queue_array, ActiveQueues, DeviceLifecycle, QueueDevice};
 use crate::virtio::{
-    ActivateError, Activation, DeviceState, QueueEvents, QueuePosition, StateError, VirtioDevice,
-    VirtioInterrupt, COMMON_FEATURES,
+    ActivateError, Activation, DeviceState, StateError, VirtioDevice, COMMON_FEATURES,
 };
-use crate::GuestMemoryMmap;
 
 /// What a snapshot keeps of a vsock device: its configuration. Connections
 /// are not kept: they join guest sockets to host sockets of the VMM that
@@ -159,46 +157,13 @@ impl VirtioDevice for Vsock {
         );
     }
 
-    fn activate(
-        &mut self,
-        memory: GuestMemoryMmap,
-        interrupt: Arc<dyn VirtioInterrupt>,
-        queues: Vec<QueueEvents>,
-        acked_features: u64,
-    ) -> Result<(), ActivateError> {
-        let activation = Activation {
-            memory,
-            interrupt,
-            queues,
-            acked_features,
-        };
-        lifecycle::activate(self, activation)
-    }
-
-    /// Stops the worker; dropping the muxer closes every connection. Host
-    /// programs still in the listen backlog wait for the next activation.
-    fn reset(&mut self) {
-        lifecycle::reset(self);
-    }
-
-    fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
-        self.lifecycle.pause()
-    }
-
-    fn resume(&mut self) -> Result<(), StateError> {
-        self.lifecycle.resume()
-    }
+    // A reset stops the worker; dropping the muxer closes every
+    // connection. Host programs still in the listen backlog wait for the
+    // next activation.
+    lifecycle::lifecycle_methods!();
 
     fn save_state(&self) -> DeviceState {
         DeviceState::Vsock(VsockState { cid: self.cid })
-    }
-
-    fn restore_state(
-        &mut self,
-        state: &DeviceState,
-        activation: Option<Activation>,
-    ) -> Result<(), StateError> {
-        lifecycle::restore(self, state, activation)
     }
 }
 
