@@ -9,7 +9,7 @@ use std::process::ExitCode;
 mod progress;
 
 use clap::{Parser, Subcommand};
-use vmm::config::{parse_memory_size, parse_vcpu_count, VirtioConfig, VmConfig, DEFAULT_CMDLINE};
+use vmm::config::{parse_memory_size, VirtioConfig, VmConfig, DEFAULT_CMDLINE};
 use vmm::VMM_FAILURE_STATUS;
 
 #[derive(Parser)]
@@ -39,9 +39,10 @@ struct RunArgs {
     /// Kernel command line, replacing the default.
     #[arg(long, value_name = "STR", default_value = DEFAULT_CMDLINE)]
     cmdline: String,
-    /// Number of vCPUs.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    cpus: u32,
+    /// Number of vCPUs, or with the host CPUs each may run on
+    /// (docs/running.md): boot=N[,affinity=[0@[2],1@[3-4]]]
+    #[arg(long, value_name = "N|OPTIONS", default_value = "1")]
+    cpus: String,
     /// Guest RAM: 512M, 2G, ... (a bare number is MiB), or with how the host
     /// backs it (docs/running.md):
     /// size=2G[,hugepages=on|off][,thp=on|off][,prefault=on|off][,shared=on|off]
@@ -314,7 +315,8 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
     let memory =
         vmm::memory::backing::MemoryConfig::parse(&args.memory).map_err(|e| e.to_string())?;
     let memory_bytes = memory.size;
-    let vcpus = parse_vcpu_count(args.cpus).map_err(|e| e.to_string())?;
+    let cpus = vmm::cpus::CpusConfig::parse(&args.cpus).map_err(|e| e.to_string())?;
+    let vcpus = cpus.boot;
     let spt_budget = match &args.spt_pages {
         Some(text) => vmm::mmu::SptBudget::parse(text, memory_bytes)
             .map_err(|e| format!("--spt-pages: {e}"))?,
@@ -358,6 +360,7 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
         initramfs,
         cmdline: args.cmdline,
         vcpus,
+        cpus,
         memory_bytes,
         memory,
         exec: args.exec,

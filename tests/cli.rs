@@ -120,6 +120,27 @@ fn zero_cpus() {
 }
 
 #[test]
+fn cpu_pinning_mistakes_are_one_line_errors() {
+    let kernel = fake_bzimage();
+    let kernel = kernel.to_str().unwrap();
+    for (cpus, needle) in [
+        (
+            "boot=2,affinity=[2@[0]]",
+            "--cpus affinity: vCPU 2 does not exist (boot=2: vCPUs 0 to 1)",
+        ),
+        (
+            "boot=1,affinity=[0@[1023]]",
+            "--cpus affinity: host CPU 1023 is not one hakoniwa may run on here",
+        ),
+        ("boot=1,affinity=[0:1]", "is not VCPU@[HOST_CPUS]"),
+        ("boot=1,pin=on", "--cpus: unknown option 'pin'"),
+    ] {
+        let (code, _) = expect_error(&["run", "--kernel", kernel, "--cpus", cpus], needle);
+        assert_eq!(code, 125, "{cpus}");
+    }
+}
+
+#[test]
 fn unknown_flags() {
     let (code, _) = expect_error(&["run", "--frobnicate"], "--frobnicate");
     assert_eq!(code, 2, "usage errors exit 2");

@@ -297,10 +297,11 @@ fn ctl(socket: &str, command: &str) -> (bool, String) {
 fn api_describes_pauses_resumes_and_shuts_down_the_vm() {
     require_hardware_kvm();
     let socket = common::temp_socket("api-test");
+    // vCPU 0 pinned to host CPU 0 (the rig's L1 has one), vCPU 1 free.
     let mut vmm = Vmm::spawn(&[
         "run",
         "--cpus",
-        "2",
+        "boot=2,affinity=[0@[0]]",
         "--memory",
         "384M",
         "--api-socket",
@@ -324,6 +325,21 @@ fn api_describes_pauses_resumes_and_shuts_down_the_vm() {
     assert!(
         backing["thp"] == true || backing["thp_note"].is_string(),
         "{backing}"
+    );
+    // Each vCPU thread, where it was pinned, and what the kernel says it
+    // may run on (Cpus_allowed_list of /proc/PID/task/TID/status).
+    let threads = info["vcpu_threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 2, "{info}");
+    assert_eq!(threads[0]["index"], 0);
+    assert_eq!(threads[0]["pinned"], "0", "{info}");
+    assert_eq!(threads[0]["cpus_allowed"], "0", "{info}");
+    assert!(threads[1]["pinned"].is_null(), "{info}");
+    let tid = threads[0]["thread_id"].as_i64().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{}/task/{tid}/status", vmm.pid()))
+        .unwrap_or_else(|e| panic!("vCPU 0's thread {tid}: {e}"));
+    assert!(
+        status.contains("Cpus_allowed_list:\t0\n"),
+        "vCPU 0's thread {tid}: {status}"
     );
     assert_eq!(info["boot_protocol"], "linux-64bit");
     let ids: Vec<&str> = info["devices"]

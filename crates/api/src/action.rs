@@ -55,6 +55,10 @@ pub struct VmInfo {
     pub memory_mib: u64,
     /// How guest RAM is backed on the host (`--memory size=..,hugepages=..`).
     pub memory_backing: MemoryBacking,
+    /// Each vCPU's host thread and where it may run (`--cpus
+    /// boot=N,affinity=[...]`).
+    #[serde(default)]
+    pub vcpu_threads: Vec<VcpuThread>,
     /// Path of the kernel image the VM was booted from.
     pub kernel: String,
     /// Kernel command line passed to the guest.
@@ -64,6 +68,21 @@ pub struct VmInfo {
     /// Emulated devices.
     #[serde(default)]
     pub devices: Vec<DeviceInfo>,
+}
+
+/// One vCPU's host thread.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcpuThread {
+    /// The vCPU's index.
+    pub index: u8,
+    /// Its thread id on the host (`/proc/PID/task/TID`).
+    pub thread_id: i32,
+    /// The host CPUs `--cpus affinity=` pinned it to (kernel list format,
+    /// `2-3,5`), if any.
+    pub pinned: Option<String>,
+    /// The CPUs the kernel lets the thread run on now
+    /// (`Cpus_allowed_list`), the proof of the pinning.
+    pub cpus_allowed: Option<String>,
 }
 
 /// How guest RAM is backed on the host, as it applies (`--memory

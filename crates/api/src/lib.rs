@@ -53,8 +53,8 @@ use std::time::Duration;
 pub use action::{
     ApiAction, ApiError, ApiResponse, BalloonInfo, BalloonTarget, DeviceInfo, DirtyMethod,
     DisplaySettings, DumpInfo, DumpRequest, ErrorBody, MemoryBacking, MigrateRequest,
-    MigrationMode, MmuInfo, MmuSettings, RefreshMode, SnapshotRequest, SptPages, VmController,
-    VmInfo, VmState, VmmVersion,
+    MigrationMode, MmuInfo, MmuSettings, RefreshMode, SnapshotRequest, SptPages, VcpuThread,
+    VmController, VmInfo, VmState, VmmVersion,
 };
 pub use client::{run_ctl, CtlCommand};
 pub use server::{ApiServer, ServerOptions};

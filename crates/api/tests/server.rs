@@ -48,6 +48,12 @@ fn sample_info(state: VmState) -> VmInfo {
             shared: false,
             thp_note: Some("the host's transparent huge pages are off (never)".into()),
         },
+        vcpu_threads: vec![api::VcpuThread {
+            index: 0,
+            thread_id: 4242,
+            pinned: Some("2".into()),
+            cpus_allowed: Some("2".into()),
+        }],
         kernel: "/boot/vmlinuz-test".into(),
         cmdline: "console=ttyS0 reboot=k panic=1".into(),
         boot_protocol: "linux-boot".into(),

@@ -32,12 +32,13 @@ pub struct Options {
 }
 
 impl Options {
-    /// Splits `text` at commas and each part at its first '='. A part
-    /// without '=' is taken as the value of `bare_key`, if given (so
+    /// Splits `text` at commas (not those inside `[...]`, so a value can be
+    /// a list: `affinity=[0@[2,3],1@[4]]`) and each part at its first '='.
+    /// A part without '=' is taken as the value of `bare_key`, if given (so
     /// `--disk disk.img` can mean `path=disk.img`).
     pub fn parse(text: &str, bare_key: Option<&'static str>) -> Result<Options, OptionsError> {
         let mut values = BTreeMap::new();
-        for part in text.split(',').filter(|p| !p.is_empty()) {
+        for part in split_top_level(text).filter(|p| !p.is_empty()) {
             let (key, value) = match (part.split_once('='), bare_key) {
                 (Some((k, v)), _) if !k.is_empty() => (k.to_string(), v.to_string()),
                 (None, Some(bare)) if !values.contains_key(bare) => {
@@ -134,6 +135,26 @@ pub fn invalid(key: &str, value: &str, reason: &str) -> OptionsError {
     }
 }
 
+/// The parts of `text` between commas that are not inside brackets.
+pub fn split_top_level(text: &str) -> impl Iterator<Item = &str> {
+    let mut depth = 0usize;
+    let mut start = 0;
+    let mut parts = Vec::new();
+    for (i, c) in text.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                parts.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&text[start..]);
+    parts.into_iter()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +205,17 @@ mod tests {
         assert_eq!(
             o.require("path").unwrap_err(),
             OptionsError::Missing("path")
+        );
+    }
+
+    #[test]
+    fn commas_inside_brackets_stay_in_the_value() {
+        let mut o = Options::parse("boot=2,affinity=[0@[2,3],1@[4]],x=y", None).unwrap();
+        assert_eq!(o.take("affinity").as_deref(), Some("[0@[2,3],1@[4]]"));
+        assert_eq!(o.take("boot").as_deref(), Some("2"));
+        assert_eq!(
+            split_top_level("a,[b,c],d").collect::<Vec<_>>(),
+            ["a", "[b,c]", "d"]
         );
     }
 }

@@ -16,8 +16,11 @@ pub struct VmConfig {
     pub initramfs: Option<PathBuf>,
     /// Kernel command line, without the `hk.cmd=` hakoniwa may append.
     pub cmdline: String,
-    /// Number of vCPUs.
+    /// Number of vCPUs (`cpus.boot`).
     pub vcpus: u8,
+    /// `--cpus`: the vCPU count and the host CPUs of pinned vCPUs
+    /// (crate::cpus).
+    pub cpus: crate::cpus::CpusConfig,
     /// Guest RAM in bytes (`memory.size`).
     pub memory_bytes: u64,
     /// How guest RAM is backed on the host (`--memory size=..,hugepages=..`;

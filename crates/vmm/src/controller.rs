@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use api::{
     ApiAction, ApiError, ApiResponse, ApiServer, BalloonInfo, DeviceInfo, DisplaySettings,
-    MigrateRequest, VmController, VmInfo, VmState, VmmVersion,
+    MigrateRequest, VcpuThread, VmController, VmInfo, VmState, VmmVersion,
 };
 use devices::virtio::balloon::BalloonControl;
 use display::DisplayControl;
@@ -61,6 +61,8 @@ pub struct VmDescription {
     pub memory_bytes: u64,
     /// How guest RAM is backed, as it applies.
     pub memory_backing: crate::memory::backing::Backing,
+    /// `--cpus`: the pinned vCPUs' host CPUs.
+    pub cpus: crate::cpus::CpusConfig,
     pub kernel: String,
     pub cmdline: String,
     pub boot_protocol: BootProtocol,
@@ -301,6 +303,18 @@ impl VmControl {
             vcpus: u32::from(d.vcpus),
             memory_mib: d.memory_bytes >> 20,
             memory_backing: d.memory_backing.to_api(),
+            vcpu_threads: self
+                .vm
+                .vcpu_threads
+                .report()
+                .into_iter()
+                .map(|(index, thread_id, cpus_allowed)| VcpuThread {
+                    index,
+                    thread_id,
+                    pinned: d.cpus.affinity.get(&index).map(|s| s.to_string()),
+                    cpus_allowed,
+                })
+                .collect(),
             kernel: d.kernel.clone(),
             cmdline: d.cmdline.clone(),
             boot_protocol: d.boot_protocol.name().into(),

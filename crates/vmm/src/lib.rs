@@ -5,7 +5,8 @@
 //! - [`config`]: what the user asked for, checked without KVM;
 //! - [`memory`]: the memory manager: guest RAM, KVM slots, dirty logs;
 //! - [`boot`]: kernel, initramfs and command line into guest memory;
-//! - [`vcpu`]: vCPU threads and their exit dispatch;
+//! - [`vcpu`]: vCPU threads and their exit dispatch; [`cpus`]: `--cpus`
+//!   and vCPU pinning;
 //! - [`start`]: the three ways a VM starts (boot, restore, migration in);
 //! - [`vm`]: the builder, the built [`vm::Vm`] and its lifetime;
 //! - [`console`], [`signals`], [`controller`]: the ways the outside world
@@ -28,6 +29,7 @@ pub mod boot;
 pub mod config;
 pub mod console;
 pub mod controller;
+pub mod cpus;
 pub mod display;
 pub mod dump;
 pub mod event;
@@ -102,6 +104,8 @@ pub enum Error {
     Api(String),
     #[error(transparent)]
     Arch(#[from] arch::Error),
+    #[error(transparent)]
+    Cpus(#[from] cpus::CpusError),
     #[error(transparent)]
     MemoryBacking(#[from] memory::backing::BackingError),
     #[error("--spt-pages: {0}")]

@@ -16,6 +16,7 @@ use kvm_bindings::{kvm_run, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
+use crate::cpus::{CpuSet, VcpuThreadIds};
 use crate::dump::{capture_vcpu, Captures};
 use crate::event::{EventSender, VmmEvent};
 
@@ -198,6 +199,11 @@ pub struct Vcpu {
     /// Where this vCPU's state goes when it fails, or stops after a
     /// failure (crate::dump).
     pub captures: Captures,
+    /// The host CPUs this vCPU's thread is pinned to (`--cpus
+    /// affinity=`), applied before it first enters the guest.
+    pub affinity: Option<CpuSet>,
+    /// Where the thread records its id, for `vm.info`.
+    pub thread_ids: VcpuThreadIds,
 }
 
 impl Vcpu {
@@ -209,6 +215,16 @@ impl Vcpu {
     }
 
     fn run_loop(mut self) {
+        self.thread_ids.record_this_thread(self.index);
+        if let Some(cpus) = &self.affinity {
+            if let Err(e) = cpus.pin_this_thread() {
+                self.events.send(VmmEvent::Error(format!(
+                    "vCPU {}: cannot pin its thread to host CPUs {cpus}: {e}",
+                    self.index
+                )));
+                return;
+            }
+        }
         KVM_RUN_PTR.with(|p| p.set(self.fd.get_kvm_run() as *mut kvm_run));
         let control = self.control.clone();
         while control.park_while_paused(&mut self) {

@@ -23,6 +23,7 @@ use base64::Engine;
 use crate::config::{format_size, VirtioConfig, VmConfig};
 use crate::console::{spawn_input_thread, RawTerminal};
 use crate::controller::{VcpuPauser, VmControl, VmDescription};
+use crate::cpus::VcpuThreadIds;
 use crate::display::{default_inputs, layout_cmdline_word, DisplayMetrics, Framebuffer};
 use crate::dump::Inspector;
 use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
@@ -44,6 +45,8 @@ pub struct Vm {
     pub memory: Arc<MemoryManager>,
     pub run: Arc<RunControl>,
     pub pauser: Arc<VcpuPauser>,
+    /// Each vCPU thread's id (and so its CPU affinity), for `vm.info`.
+    pub vcpu_threads: VcpuThreadIds,
     pub events: EventSender,
     /// The shadow-page budget (docs/shadow-paging.md).
     pub mmu: Arc<MmuControl>,
@@ -150,6 +153,8 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
 /// The KVM VM and what every later step of the build needs.
 struct Core {
     kvm: Kvm,
+    /// Each vCPU thread's id, for `vm.info`.
+    vcpu_threads: VcpuThreadIds,
     /// How the host backs guest RAM, for `vm.info`.
     backing: Backing,
     memory: Arc<MemoryManager>,
@@ -164,8 +169,10 @@ impl Core {
     fn create(config: &VmConfig, events: EventSender) -> Result<Core, Error> {
         // A migration destination places 4 KiB pages through userfaultfd.
         let incoming = config.incoming.is_some();
-        // The host's huge-page pool is checked before any KVM work.
+        // The host's huge-page pool and CPUs are checked before any KVM
+        // work.
         let backing = backing::check_host(&config.memory, incoming)?;
+        config.cpus.check_host()?;
         let kvm = Kvm::new().map_err(Error::OpenKvm)?;
         let vm_fd = Arc::new(create_vm(&kvm)?);
         let ram = backing::guest_ram(&config.memory, incoming)?;
@@ -173,6 +180,7 @@ impl Core {
         let mmu = MmuControl::new(vm_fd, config.memory_bytes, config.spt_budget)?;
         Ok(Core {
             kvm,
+            vcpu_threads: VcpuThreadIds::default(),
             backing,
             memory,
             control: Arc::new(RunControl::default()),
@@ -311,6 +319,8 @@ fn create_vcpus(
             control: core.control.clone(),
             events: core.events.clone(),
             captures: inspector.captures(),
+            affinity: config.cpus.affinity.get(&index).cloned(),
+            thread_ids: core.vcpu_threads.clone(),
         });
     }
     Ok(vcpus)
@@ -400,6 +410,7 @@ fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
             vcpus: config.vcpus,
             memory_bytes: config.memory_bytes,
             memory_backing: core.backing.clone(),
+            cpus: config.cpus.clone(),
             kernel: boot.kernel,
             cmdline: boot.cmdline,
             boot_protocol: boot.protocol,
@@ -408,6 +419,7 @@ fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
         memory,
         run: core.control.clone(),
         pauser,
+        vcpu_threads: core.vcpu_threads.clone(),
         events: core.events.clone(),
         mmu: core.mmu.clone(),
         display,

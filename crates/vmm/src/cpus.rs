@@ -1,0 +1,359 @@
+//! `--cpus`: how many vCPUs the VM has and, optionally, which host CPUs
+//! each vCPU thread may run on, in Cloud Hypervisor's syntax:
+//!
+//! ```text
+//! --cpus 2
+//! --cpus boot=2,affinity=[0@[2],1@[3]]
+//! --cpus boot=4,affinity=[0@[2-3],1@[2-3],2@[4,6]]
+//! ```
+//!
+//! A pinned vCPU thread sets its own affinity first thing, before it
+//! enters the guest; `vm.info` reports each vCPU thread's id and the CPUs
+//! the kernel lets it run on (`Cpus_allowed_list` of
+//! `/proc/PID/task/TID/status`), so what is reported is what holds.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use devices::options::{split_top_level, Options, OptionsError};
+
+use crate::config::{parse_vcpu_count, ConfigError};
+
+/// A set of host CPUs, sorted, without repeats.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuSet(Vec<usize>);
+
+impl CpuSet {
+    /// `2`, `2,3`, `2-5,8` (the kernel's list format, as in
+    /// `Cpus_allowed_list`).
+    pub fn parse(text: &str) -> Result<CpuSet, String> {
+        let mut cpus = Vec::new();
+        for part in text.split(',').map(str::trim) {
+            let bad = || format!("'{part}' is not a host CPU or a range of them (e.g. 2 or 2-5)");
+            let (first, last) = match part.split_once('-') {
+                Some((a, b)) => (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?),
+                None => {
+                    let n: usize = part.parse().map_err(|_| bad())?;
+                    (n, n)
+                }
+            };
+            if first > last || last >= libc::CPU_SETSIZE as usize {
+                return Err(bad());
+            }
+            cpus.extend(first..=last);
+        }
+        cpus.sort_unstable();
+        cpus.dedup();
+        Ok(CpuSet(cpus))
+    }
+
+    pub fn cpus(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// The CPUs this process may run on now (its affinity, which a cpuset
+    /// cgroup or `taskset` may have narrowed).
+    pub fn of_this_process() -> std::io::Result<CpuSet> {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a live cpu_set_t of the size passed; pid 0 is
+        // the calling thread, whose mask the process's threads inherit.
+        let ret =
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+        if ret != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let cpus = (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: `cpu` is below CPU_SETSIZE, inside the set.
+            .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+            .collect();
+        Ok(CpuSet(cpus))
+    }
+
+    /// Restricts the calling thread to these CPUs.
+    pub fn pin_this_thread(&self) -> std::io::Result<()> {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for &cpu in &self.0 {
+            // SAFETY: `cpu` was checked below CPU_SETSIZE when parsed.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        // SAFETY: `set` is a live cpu_set_t of the size passed; pid 0 is
+        // the calling thread.
+        let ret =
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        if ret != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for CpuSet {
+    /// The kernel's list format: `2-5,8`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut runs: Vec<String> = Vec::new();
+        let mut i = 0;
+        while i < self.0.len() {
+            let start = self.0[i];
+            let mut end = start;
+            while i + 1 < self.0.len() && self.0[i + 1] == end + 1 {
+                i += 1;
+                end = self.0[i];
+            }
+            runs.push(if start == end {
+                start.to_string()
+            } else {
+                format!("{start}-{end}")
+            });
+            i += 1;
+        }
+        f.write_str(&runs.join(","))
+    }
+}
+
+/// A `--cpus` mistake, one line.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CpusError {
+    #[error(transparent)]
+    Count(#[from] ConfigError),
+    #[error("--cpus: {0}")]
+    Options(#[from] OptionsError),
+    #[error("--cpus: boot: '{0}' is not a number of vCPUs")]
+    Boot(String),
+    #[error("--cpus affinity: '{0}' is not VCPU@[HOST_CPUS] (e.g. affinity=[0@[2],1@[3-4]])")]
+    Entry(String),
+    #[error("--cpus affinity: {0}")]
+    HostCpus(String),
+    #[error("--cpus affinity: vCPU {vcpu} does not exist (boot={boot}: vCPUs 0 to {last})", last = boot - 1)]
+    NoSuchVcpu { vcpu: u32, boot: u8 },
+    #[error("--cpus affinity: vCPU {0} is given twice")]
+    Twice(u8),
+    #[error("--cpus affinity: host CPU {cpu} is not one hakoniwa may run on here (it may use {allowed})")]
+    NotAllowed { cpu: usize, allowed: String },
+    #[error("--cpus affinity: cannot read this process's CPU affinity: {0}")]
+    Affinity(String),
+}
+
+/// What `--cpus` asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpusConfig {
+    /// vCPUs at boot.
+    pub boot: u8,
+    /// The host CPUs of each pinned vCPU; the others run where the host
+    /// scheduler puts them.
+    pub affinity: BTreeMap<u8, CpuSet>,
+}
+
+impl CpusConfig {
+    /// One vCPU, not pinned.
+    pub fn with_count(boot: u8) -> CpusConfig {
+        CpusConfig {
+            boot,
+            affinity: BTreeMap::new(),
+        }
+    }
+
+    /// `N`, or `boot=N[,affinity=[V@[CPUS],...]]`.
+    pub fn parse(text: &str) -> Result<CpusConfig, CpusError> {
+        if let Ok(count) = text.trim().parse::<u32>() {
+            return Ok(CpusConfig::with_count(parse_vcpu_count(count)?));
+        }
+        let mut o = Options::parse(text, None)?;
+        let boot_text = o.require("boot")?;
+        let count = boot_text
+            .parse::<u32>()
+            .map_err(|_| CpusError::Boot(boot_text.clone()))?;
+        let boot = parse_vcpu_count(count)?;
+        let affinity = match o.take("affinity") {
+            Some(list) => parse_affinity(&list, boot)?,
+            None => BTreeMap::new(),
+        };
+        o.finish()?;
+        Ok(CpusConfig { boot, affinity })
+    }
+
+    /// Checks each pinned host CPU is one this process may run on (before
+    /// any KVM work, so a wrong CPU fails with one line first).
+    pub fn check_host(&self) -> Result<(), CpusError> {
+        if self.affinity.is_empty() {
+            return Ok(());
+        }
+        let allowed = CpuSet::of_this_process().map_err(|e| CpusError::Affinity(e.to_string()))?;
+        for set in self.affinity.values() {
+            if let Some(&cpu) = set.cpus().iter().find(|c| !allowed.cpus().contains(c)) {
+                return Err(CpusError::NotAllowed {
+                    cpu,
+                    allowed: allowed.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for CpusConfig {
+    /// The canonical form, which parses back.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.affinity.is_empty() {
+            return write!(f, "{}", self.boot);
+        }
+        let entries: Vec<String> = self
+            .affinity
+            .iter()
+            .map(|(vcpu, set)| format!("{vcpu}@[{set}]"))
+            .collect();
+        write!(f, "boot={},affinity=[{}]", self.boot, entries.join(","))
+    }
+}
+
+/// `[0@[2],1@[3-4]]`.
+fn parse_affinity(text: &str, boot: u8) -> Result<BTreeMap<u8, CpuSet>, CpusError> {
+    let inner = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .ok_or_else(|| CpusError::Entry(text.to_string()))?;
+    let mut affinity = BTreeMap::new();
+    for entry in split_top_level(inner).filter(|e| !e.is_empty()) {
+        let (vcpu, cpus) = entry
+            .split_once('@')
+            .and_then(|(v, c)| Some((v.trim().parse::<u32>().ok()?, c)))
+            .ok_or_else(|| CpusError::Entry(entry.to_string()))?;
+        let cpus = cpus
+            .strip_prefix('[')
+            .and_then(|c| c.strip_suffix(']'))
+            .ok_or_else(|| CpusError::Entry(entry.to_string()))?;
+        if vcpu >= u32::from(boot) {
+            return Err(CpusError::NoSuchVcpu { vcpu, boot });
+        }
+        let set = CpuSet::parse(cpus).map_err(CpusError::HostCpus)?;
+        let vcpu = vcpu as u8;
+        if affinity.insert(vcpu, set).is_some() {
+            return Err(CpusError::Twice(vcpu));
+        }
+    }
+    Ok(affinity)
+}
+
+/// The thread id of each running vCPU, as each vCPU thread records it.
+#[derive(Clone, Debug, Default)]
+pub struct VcpuThreadIds(Arc<Mutex<BTreeMap<u8, i32>>>);
+
+impl VcpuThreadIds {
+    /// Called by vCPU `index`'s own thread.
+    pub fn record_this_thread(&self, index: u8) {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(index, tid);
+    }
+
+    /// (vCPU, thread id, the CPUs the kernel lets it run on).
+    pub fn report(&self) -> Vec<(u8, i32, Option<String>)> {
+        let ids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        ids.iter()
+            .map(|(&index, &tid)| (index, tid, cpus_allowed_list(tid)))
+            .collect()
+    }
+}
+
+/// `Cpus_allowed_list` of one of this process's threads.
+pub fn cpus_allowed_list(tid: i32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_count_still_works_and_says_the_same() {
+        assert_eq!(CpusConfig::parse("2"), Ok(CpusConfig::with_count(2)));
+        assert_eq!(CpusConfig::parse("2").unwrap().to_string(), "2");
+        assert_eq!(
+            CpusConfig::parse("0").unwrap_err().to_string(),
+            ConfigError::VcpuCount(0).to_string()
+        );
+    }
+
+    #[test]
+    fn affinity_in_cloud_hypervisors_syntax() {
+        let c = CpusConfig::parse("boot=3,affinity=[0@[2],2@[4-6,9]]").unwrap();
+        assert_eq!(c.boot, 3);
+        assert_eq!(c.affinity[&0].cpus(), &[2]);
+        assert_eq!(c.affinity[&2].cpus(), &[4, 5, 6, 9]);
+        assert!(!c.affinity.contains_key(&1));
+        assert_eq!(c.to_string(), "boot=3,affinity=[0@[2],2@[4-6,9]]");
+        assert_eq!(CpusConfig::parse(&c.to_string()), Ok(c));
+        assert_eq!(
+            CpusConfig::parse("boot=2").unwrap(),
+            CpusConfig::with_count(2)
+        );
+    }
+
+    #[test]
+    fn each_mistake_is_one_line() {
+        let err = |t: &str| CpusConfig::parse(t).unwrap_err().to_string();
+        assert_eq!(
+            err("boot=2,affinity=[2@[1]]"),
+            "--cpus affinity: vCPU 2 does not exist (boot=2: vCPUs 0 to 1)"
+        );
+        assert_eq!(
+            err("boot=2,affinity=[0@[1],0@[2]]"),
+            "--cpus affinity: vCPU 0 is given twice"
+        );
+        assert!(err("boot=2,affinity=[0:1]").contains("is not VCPU@[HOST_CPUS]"));
+        assert!(err("boot=2,affinity=0@[1]").contains("is not VCPU@[HOST_CPUS]"));
+        assert!(err("boot=2,affinity=[0@[x]]").contains("'x' is not a host CPU"));
+        assert!(err("boot=2,affinity=[0@[3-1]]").contains("'3-1' is not a host CPU"));
+        assert_eq!(
+            err("boot=two"),
+            "--cpus: boot: 'two' is not a number of vCPUs"
+        );
+        assert!(err("affinity=[0@[1]]").contains("missing option 'boot'"));
+        assert!(err("boot=1,pin=yes").contains("unknown option 'pin'"));
+        for t in ["boot=2,affinity=[2@[1]]", "boot=two", "boot=1,pin=yes"] {
+            assert!(!err(t).contains('\n'));
+        }
+    }
+
+    #[test]
+    fn cpu_sets_print_as_the_kernel_does() {
+        assert_eq!(CpuSet::parse("8,2-5,3").unwrap().to_string(), "2-5,8");
+        assert_eq!(CpuSet::parse("0").unwrap().to_string(), "0");
+    }
+
+    #[test]
+    fn the_host_check_and_pinning_use_the_real_affinity() {
+        let allowed = CpuSet::of_this_process().unwrap();
+        let first = allowed.cpus()[0];
+        let ok = CpusConfig::parse(&format!("boot=1,affinity=[0@[{first}]]")).unwrap();
+        assert_eq!(ok.check_host(), Ok(()));
+        let absent = libc::CPU_SETSIZE as usize - 1;
+        let bad = CpusConfig::parse(&format!("boot=1,affinity=[0@[{absent}]]")).unwrap();
+        assert!(matches!(
+            bad.check_host(),
+            Err(CpusError::NotAllowed { cpu, .. }) if cpu == absent
+        ));
+        // A thread of our own, pinned, reads back as pinned.
+        let set = CpuSet(vec![first]);
+        let ids = VcpuThreadIds::default();
+        let reader = ids.clone();
+        std::thread::spawn(move || {
+            set.pin_this_thread().unwrap();
+            ids.record_this_thread(0);
+            let report = ids.report();
+            assert_eq!(report[0].2.as_deref(), Some(first.to_string().as_str()));
+        })
+        .join()
+        .unwrap();
+        assert_eq!(reader.report().len(), 1);
+    }
+}
