@@ -351,8 +351,12 @@ pub fn map_ram(
     uffd_needs_small_pages: bool,
 ) -> Result<GuestMemoryMmap, Error> {
     check_host(config, uffd_needs_small_pages)?;
+    // Said in the log and in vm.info's thp_note, not on stderr: a
+    // destination's stderr is one line per event (waiting, refused, ...).
     if uffd_needs_small_pages && config.thp {
-        say!("hakoniwa: --incoming: transparent huge pages are off for guest RAM (postcopy places 4 KiB pages)");
+        tracing::info!(
+            "--incoming: transparent huge pages are off for guest RAM (postcopy places 4 KiB pages)"
+        );
     }
     // MADV_HUGEPAGE even where the host's setting is "never" for now: it
     // takes effect if the host allows THP later.
