@@ -138,6 +138,18 @@ fn cpu_pinning_mistakes_are_one_line_errors() {
         let (code, _) = expect_error(&["run", "--kernel", kernel, "--cpus", cpus], needle);
         assert_eq!(code, 125, "{cpus}");
     }
+    // A device's threads: the same check, before the image is opened.
+    let (code, _) = expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel,
+            "--disk",
+            "path=/nonexistent.img,iothread_affinity=[1023]",
+        ],
+        "option iothread_affinity: host CPU 1023 is not one hakoniwa may run on here",
+    );
+    assert_eq!(code, 125);
 }
 
 #[test]

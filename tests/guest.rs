@@ -341,6 +341,17 @@ fn api_describes_pauses_resumes_and_shuts_down_the_vm() {
         status.contains("Cpus_allowed_list:\t0\n"),
         "vCPU 0's thread {tid}: {status}"
     );
+    // Every thread of the VMM, by name, with where it may run.
+    let names: Vec<&str> = info["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"vcpu0") && names.contains(&"vcpu1"),
+        "{names:?}"
+    );
     assert_eq!(info["boot_protocol"], "linux-64bit");
     let ids: Vec<&str> = info["devices"]
         .as_array()

@@ -59,6 +59,10 @@ pub struct VmInfo {
     /// boot=N,affinity=[...]`).
     #[serde(default)]
     pub vcpu_threads: Vec<VcpuThread>,
+    /// Every thread of the VMM with the CPUs it may run on (device threads
+    /// are named after their device: `disk0-queue`, `disk0-io0`, ...).
+    #[serde(default)]
+    pub threads: Vec<HostThread>,
     /// Path of the kernel image the VM was booted from.
     pub kernel: String,
     /// Kernel command line passed to the guest.
@@ -82,6 +86,16 @@ pub struct VcpuThread {
     pub pinned: Option<String>,
     /// The CPUs the kernel lets the thread run on now
     /// (`Cpus_allowed_list`), the proof of the pinning.
+    pub cpus_allowed: Option<String>,
+}
+
+/// One thread of the VMM process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostThread {
+    pub thread_id: i32,
+    /// Its name (`/proc/PID/task/TID/comm`).
+    pub name: String,
+    /// `Cpus_allowed_list` as the kernel reports it now.
     pub cpus_allowed: Option<String>,
 }
 

@@ -52,7 +52,7 @@ use std::time::Duration;
 
 pub use action::{
     ApiAction, ApiError, ApiResponse, BalloonInfo, BalloonTarget, DeviceInfo, DirtyMethod,
-    DisplaySettings, DumpInfo, DumpRequest, ErrorBody, MemoryBacking, MigrateRequest,
+    DisplaySettings, DumpInfo, DumpRequest, ErrorBody, HostThread, MemoryBacking, MigrateRequest,
     MigrationMode, MmuInfo, MmuSettings, RefreshMode, SnapshotRequest, SptPages, VcpuThread,
     VmController, VmInfo, VmState, VmmVersion,
 };

@@ -54,6 +54,7 @@ fn sample_info(state: VmState) -> VmInfo {
             pinned: Some("2".into()),
             cpus_allowed: Some("2".into()),
         }],
+        threads: vec![],
         kernel: "/boot/vmlinuz-test".into(),
         cmdline: "console=ttyS0 reboot=k panic=1".into(),
         boot_protocol: "linux-boot".into(),

@@ -4,6 +4,7 @@
 //! serial, i8042 reset line, the ACPI power-management registers) and the
 //! debug-exit port that lets a guest end the VM with an exit status.
 
+pub mod affinity;
 pub mod bus;
 pub mod interrupt;
 pub mod legacy;

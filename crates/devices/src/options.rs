@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::affinity::CpuSet;
+
 /// Errors in a device's option string, naming the option.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum OptionsError {
@@ -80,6 +82,22 @@ impl Options {
                 .map(bool::from)
                 .map_err(|e| invalid(key, other, &e.to_string())),
         }
+    }
+
+    /// A set of host CPUs, `[1]`, `[2-3,5]` (brackets optional); `None`
+    /// when absent. Whether this host has them is checked when the device
+    /// opens.
+    pub fn cpu_set(&mut self, key: &'static str) -> Result<Option<CpuSet>, OptionsError> {
+        let Some(text) = self.take(key) else {
+            return Ok(None);
+        };
+        let inner = text
+            .strip_prefix('[')
+            .and_then(|t| t.strip_suffix(']'))
+            .unwrap_or(&text);
+        CpuSet::parse(inner)
+            .map(Some)
+            .map_err(|reason| invalid(key, &text, &reason))
     }
 
     /// A value parsed with `FromStr`; `None` when absent.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use api::{
     ApiAction, ApiError, ApiResponse, ApiServer, BalloonInfo, DeviceInfo, DisplaySettings,
-    MigrateRequest, VcpuThread, VmController, VmInfo, VmState, VmmVersion,
+    HostThread, MigrateRequest, VcpuThread, VmController, VmInfo, VmState, VmmVersion,
 };
 use devices::virtio::balloon::BalloonControl;
 use display::DisplayControl;
@@ -312,6 +312,14 @@ impl VmControl {
                     index,
                     thread_id,
                     pinned: d.cpus.affinity.get(&index).map(|s| s.to_string()),
+                    cpus_allowed,
+                })
+                .collect(),
+            threads: crate::cpus::threads_of_this_process()
+                .into_iter()
+                .map(|(thread_id, name, cpus_allowed)| HostThread {
+                    thread_id,
+                    name,
                     cpus_allowed,
                 })
                 .collect(),

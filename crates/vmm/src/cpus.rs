@@ -16,102 +16,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+pub use devices::affinity::CpuSet;
 use devices::options::{split_top_level, Options, OptionsError};
 
 use crate::config::{parse_vcpu_count, ConfigError};
-
-/// A set of host CPUs, sorted, without repeats.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CpuSet(Vec<usize>);
-
-impl CpuSet {
-    /// `2`, `2,3`, `2-5,8` (the kernel's list format, as in
-    /// `Cpus_allowed_list`).
-    pub fn parse(text: &str) -> Result<CpuSet, String> {
-        let mut cpus = Vec::new();
-        for part in text.split(',').map(str::trim) {
-            let bad = || format!("'{part}' is not a host CPU or a range of them (e.g. 2 or 2-5)");
-            let (first, last) = match part.split_once('-') {
-                Some((a, b)) => (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?),
-                None => {
-                    let n: usize = part.parse().map_err(|_| bad())?;
-                    (n, n)
-                }
-            };
-            if first > last || last >= libc::CPU_SETSIZE as usize {
-                return Err(bad());
-            }
-            cpus.extend(first..=last);
-        }
-        cpus.sort_unstable();
-        cpus.dedup();
-        Ok(CpuSet(cpus))
-    }
-
-    pub fn cpus(&self) -> &[usize] {
-        &self.0
-    }
-
-    /// The CPUs this process may run on now (its affinity, which a cpuset
-    /// cgroup or `taskset` may have narrowed).
-    pub fn of_this_process() -> std::io::Result<CpuSet> {
-        // SAFETY: a zeroed cpu_set_t is a valid empty set.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is a live cpu_set_t of the size passed; pid 0 is
-        // the calling thread, whose mask the process's threads inherit.
-        let ret =
-            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-        if ret != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let cpus = (0..libc::CPU_SETSIZE as usize)
-            // SAFETY: `cpu` is below CPU_SETSIZE, inside the set.
-            .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-            .collect();
-        Ok(CpuSet(cpus))
-    }
-
-    /// Restricts the calling thread to these CPUs.
-    pub fn pin_this_thread(&self) -> std::io::Result<()> {
-        // SAFETY: a zeroed cpu_set_t is a valid empty set.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        for &cpu in &self.0 {
-            // SAFETY: `cpu` was checked below CPU_SETSIZE when parsed.
-            unsafe { libc::CPU_SET(cpu, &mut set) };
-        }
-        // SAFETY: `set` is a live cpu_set_t of the size passed; pid 0 is
-        // the calling thread.
-        let ret =
-            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-        if ret != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Display for CpuSet {
-    /// The kernel's list format: `2-5,8`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut runs: Vec<String> = Vec::new();
-        let mut i = 0;
-        while i < self.0.len() {
-            let start = self.0[i];
-            let mut end = start;
-            while i + 1 < self.0.len() && self.0[i + 1] == end + 1 {
-                i += 1;
-                end = self.0[i];
-            }
-            runs.push(if start == end {
-                start.to_string()
-            } else {
-                format!("{start}-{end}")
-            });
-            i += 1;
-        }
-        f.write_str(&runs.join(","))
-    }
-}
 
 /// A `--cpus` mistake, one line.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -130,10 +38,6 @@ pub enum CpusError {
     NoSuchVcpu { vcpu: u32, boot: u8 },
     #[error("--cpus affinity: vCPU {0} is given twice")]
     Twice(u8),
-    #[error("--cpus affinity: host CPU {cpu} is not one hakoniwa may run on here (it may use {allowed})")]
-    NotAllowed { cpu: usize, allowed: String },
-    #[error("--cpus affinity: cannot read this process's CPU affinity: {0}")]
-    Affinity(String),
 }
 
 /// What `--cpus` asked for.
@@ -177,17 +81,8 @@ impl CpusConfig {
     /// Checks each pinned host CPU is one this process may run on (before
     /// any KVM work, so a wrong CPU fails with one line first).
     pub fn check_host(&self) -> Result<(), CpusError> {
-        if self.affinity.is_empty() {
-            return Ok(());
-        }
-        let allowed = CpuSet::of_this_process().map_err(|e| CpusError::Affinity(e.to_string()))?;
         for set in self.affinity.values() {
-            if let Some(&cpu) = set.cpus().iter().find(|c| !allowed.cpus().contains(c)) {
-                return Err(CpusError::NotAllowed {
-                    cpu,
-                    allowed: allowed.to_string(),
-                });
-            }
+            set.check_allowed().map_err(CpusError::HostCpus)?;
         }
         Ok(())
     }
@@ -260,6 +155,26 @@ impl VcpuThreadIds {
     }
 }
 
+/// Every thread of this process: (thread id, name, `Cpus_allowed_list`),
+/// by thread id. Device threads are named after their device
+/// (`disk0-queue`, `disk0-io0`, `net0-worker`), vCPUs `vcpuN`.
+pub fn threads_of_this_process() -> Vec<(i32, String, Option<String>)> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut threads: Vec<_> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .map(|tid| {
+            let name = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+                .map(|n| n.trim().to_string())
+                .unwrap_or_default();
+            (tid, name, cpus_allowed_list(tid))
+        })
+        .collect();
+    threads.sort();
+    threads
+}
+
 /// `Cpus_allowed_list` of one of this process's threads.
 pub fn cpus_allowed_list(tid: i32) -> Option<String> {
     let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
@@ -325,12 +240,6 @@ mod tests {
     }
 
     #[test]
-    fn cpu_sets_print_as_the_kernel_does() {
-        assert_eq!(CpuSet::parse("8,2-5,3").unwrap().to_string(), "2-5,8");
-        assert_eq!(CpuSet::parse("0").unwrap().to_string(), "0");
-    }
-
-    #[test]
     fn the_host_check_and_pinning_use_the_real_affinity() {
         let allowed = CpuSet::of_this_process().unwrap();
         let first = allowed.cpus()[0];
@@ -338,12 +247,13 @@ mod tests {
         assert_eq!(ok.check_host(), Ok(()));
         let absent = libc::CPU_SETSIZE as usize - 1;
         let bad = CpusConfig::parse(&format!("boot=1,affinity=[0@[{absent}]]")).unwrap();
-        assert!(matches!(
-            bad.check_host(),
-            Err(CpusError::NotAllowed { cpu, .. }) if cpu == absent
-        ));
+        assert!(bad
+            .check_host()
+            .unwrap_err()
+            .to_string()
+            .starts_with(&format!("--cpus affinity: host CPU {absent} is not one")));
         // A thread of our own, pinned, reads back as pinned.
-        let set = CpuSet(vec![first]);
+        let set = CpuSet::from(vec![first]);
         let ids = VcpuThreadIds::default();
         let reader = ids.clone();
         std::thread::spawn(move || {

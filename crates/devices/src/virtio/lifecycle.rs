@@ -38,6 +38,7 @@ use virtio_queue::QueueT;
 use super::device::{ActivateError, Activation, QueueEvents, VirtioDevice, VirtioInterrupt};
 use super::state::{DeviceState, QueuePosition, StateError};
 use super::worker::{Worker, WorkerLoop};
+use crate::affinity::CpuSet;
 use crate::GuestMemoryMmap;
 
 /// The body of a device's worker thread, as the lifecycle sees it: the
@@ -67,6 +68,12 @@ pub(crate) trait QueueDevice: VirtioDevice + Sized {
 
     /// The device's lifecycle.
     fn lifecycle(&mut self) -> &mut DeviceLifecycle<Self::Loop>;
+
+    /// The host CPUs the device's threads run on (`iothread_affinity=`);
+    /// anywhere by default.
+    fn thread_affinity(&self) -> Option<CpuSet> {
+        None
+    }
 
     /// How many queues (the first ones, by index) a driver that accepted
     /// `acked_features` must make ready; every queue unless the device
@@ -234,7 +241,7 @@ fn install<D: QueueDevice>(
     let queues = check_queues(activation, device.queue_max_sizes().len(), needed)?;
     let body = device.serve(queues, restoring)?;
     let name = format!("{}-{}", device.id(), D::WORKER_SUFFIX);
-    let worker = Worker::parked(name, body)?;
+    let worker = Worker::parked(name, body)?.with_affinity(device.thread_affinity());
     device.lifecycle().worker = Some(worker);
     Ok(())
 }

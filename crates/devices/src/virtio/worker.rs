@@ -19,6 +19,8 @@ use std::thread::JoinHandle;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::affinity::{pinned, CpuSet};
+
 /// The body of a device thread.
 pub trait WorkerLoop: Send + 'static {
     /// Called once, on the caller's thread, before the first run: makes
@@ -52,6 +54,8 @@ pub struct Worker<L: WorkerLoop> {
     name: String,
     stop: Arc<EventFd>,
     thread: Thread<L>,
+    /// The host CPUs the thread pins itself to each time it starts.
+    affinity: Option<CpuSet>,
 }
 
 impl<L: WorkerLoop> Worker<L> {
@@ -65,7 +69,14 @@ impl<L: WorkerLoop> Worker<L> {
             name,
             stop,
             thread: Thread::Parked(body),
+            affinity: None,
         })
+    }
+
+    /// Runs the thread on these host CPUs only (from its next start).
+    pub fn with_affinity(mut self, affinity: Option<CpuSet>) -> Worker<L> {
+        self.affinity = affinity;
+        self
     }
 
     /// A worker whose loop runs at once.
@@ -108,11 +119,14 @@ impl<L: WorkerLoop> Worker<L> {
         match std::mem::replace(&mut self.thread, Thread::Lost) {
             Thread::Parked(mut body) => {
                 let stop = self.stop.clone();
+                let (name, affinity) = (self.name.clone(), self.affinity.clone());
                 let handle = std::thread::Builder::new()
                     .name(self.name.clone())
                     .spawn(move || {
-                        body.run(&stop);
-                        body
+                        pinned(name, affinity, || {
+                            body.run(&stop);
+                            body
+                        })
                     })
                     .map_err(|error| WorkerError::Spawn {
                         name: self.name.clone(),

@@ -34,6 +34,7 @@ use super::request::{
     MAX_DISCARD_SEG, MAX_WRITE_ZEROES_SECTORS,
 };
 use super::{BlockConfig, BlockError, SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
+use crate::affinity::{pinned, CpuSet};
 use crate::virtio::lifecycle::{
     self, queue_array, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop,
 };
@@ -99,6 +100,9 @@ impl Block {
     /// Opens the image of `config` (see [`FileDisk::open`] for what is
     /// checked). The device is named after `config.id`, or "disk".
     pub fn new(config: BlockConfig) -> Result<Block, BlockError> {
+        if let Some(cpus) = &config.iothread_affinity {
+            cpus.check_allowed().map_err(BlockError::Affinity)?;
+        }
         let disk = Arc::new(FileDisk::open(&config)?);
         tracing::info!(
             "disk {}: {} bytes, cache={}, {}",
@@ -264,6 +268,10 @@ impl QueueDevice for Block {
         &mut self.lifecycle
     }
 
+    fn thread_affinity(&self) -> Option<CpuSet> {
+        self.config.iothread_affinity.clone()
+    }
+
     /// The queue thread's loop and the I/O pool (running, waiting for
     /// requests) it hands requests to.
     fn serve(
@@ -300,9 +308,10 @@ impl QueueDevice for Block {
                 done_evt: done_evt.try_clone()?,
                 abort: abort.clone(),
             };
+            let (name, affinity) = (format!("{}-io{i}", self.name), self.thread_affinity());
             let thread = std::thread::Builder::new()
-                .name(format!("{}-io{i}", self.name))
-                .spawn(move || io.run())?;
+                .name(name.clone())
+                .spawn(move || pinned(name, affinity, || io.run()))?;
             pool.threads.push(thread);
         }
         let fds = [kick.as_raw_fd(), done_evt.as_raw_fd()];

@@ -38,6 +38,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use crate::affinity::CpuSet;
 use crate::options::{invalid, Options, OptionsError};
 
 pub use device::{Block, BlockState};
@@ -100,6 +101,9 @@ pub struct BlockConfig {
     /// The device's name and its GET_ID serial (at most 20 bytes); when
     /// absent the serial is derived from the image file.
     pub id: Option<String>,
+    /// The host CPUs the disk's queue and I/O threads run on
+    /// (`iothread_affinity=[1-2]`); anywhere when absent.
+    pub iothread_affinity: Option<CpuSet>,
 }
 
 impl BlockConfig {
@@ -110,6 +114,7 @@ impl BlockConfig {
             readonly: false,
             cache: CacheMode::Writeback,
             id: None,
+            iothread_affinity: None,
         }
     }
 
@@ -127,12 +132,14 @@ impl BlockConfig {
         if let Some(id) = &id {
             check_id(id)?;
         }
+        let iothread_affinity = o.cpu_set("iothread_affinity")?;
         o.finish()?;
         Ok(BlockConfig {
             path: PathBuf::from(path),
             readonly,
             cache,
             id,
+            iothread_affinity,
         })
     }
 }
@@ -165,6 +172,8 @@ fn check_id(id: &str) -> Result<(), OptionsError> {
 /// Why a disk image could not be opened; each names the image.
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {
+    #[error("option iothread_affinity: {0}")]
+    Affinity(String),
     #[error("disk image {0}: no such file")]
     NotFound(PathBuf),
     #[error("disk image {path} is {kind}, not a regular file or block device")]

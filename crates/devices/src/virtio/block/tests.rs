@@ -1584,8 +1584,15 @@ fn disk_options_parse() {
             readonly: true,
             cache: CacheMode::None,
             id: Some("root".into()),
+            iothread_affinity: None,
         }
     );
+    let c = BlockConfig::parse("a.img,iothread_affinity=[1,3-4]").unwrap();
+    assert_eq!(c.iothread_affinity.unwrap().cpus(), &[1, 3, 4]);
+    assert!(BlockConfig::parse("a.img,iothread_affinity=[x]")
+        .unwrap_err()
+        .to_string()
+        .contains("option iothread_affinity=[x]: 'x' is not a host CPU"));
     let c = BlockConfig::parse("disk.img").unwrap();
     assert_eq!(c, BlockConfig::new("disk.img"));
     assert_eq!(c.cache, CacheMode::Writeback);

@@ -14,6 +14,7 @@ use super::{
     derived_mac, NetBackend, NetConfig, NetMetrics, NetMetricsSnapshot, Tap, TapError, QUEUE_SIZE,
     RX_QUEUE, TX_QUEUE,
 };
+use crate::affinity::CpuSet;
 use crate::options::OptionsError;
 use crate::virtio::lifecycle::{
     self, queue_array, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop,
@@ -61,6 +62,8 @@ pub enum NetError {
     Options(#[from] OptionsError),
     #[error("{0}")]
     Tap(#[from] TapError),
+    #[error("option iothread_affinity: {0}")]
+    Affinity(String),
 }
 
 /// A virtio-net device (device id 1).
@@ -72,6 +75,8 @@ pub struct Net {
     config: [u8; CONFIG_LEN],
     metrics: Arc<NetMetrics>,
     lifecycle: DeviceLifecycle<NetLoop>,
+    /// The host CPUs the device's thread runs on.
+    iothread_affinity: Option<CpuSet>,
 }
 
 impl Net {
@@ -84,12 +89,17 @@ impl Net {
 
     /// Opens the TAP of `config`.
     pub fn new(config: &NetConfig, default_id: &str) -> Result<Net, NetError> {
+        if let Some(cpus) = &config.iothread_affinity {
+            cpus.check_allowed().map_err(NetError::Affinity)?;
+        }
         let tap = Tap::open(&config.tap)?;
         let id = config.id.clone().unwrap_or_else(|| default_id.to_string());
         let mac = config
             .mac
             .unwrap_or_else(|| derived_mac(config.id.as_deref().unwrap_or(&config.tap)));
-        Ok(Net::with_backend(id, Arc::new(tap), mac, config.mtu))
+        let mut net = Net::with_backend(id, Arc::new(tap), mac, config.mtu);
+        net.iothread_affinity = config.iothread_affinity.clone();
+        Ok(net)
     }
 
     /// A device over any back end (tests, other back ends).
@@ -120,6 +130,7 @@ impl Net {
             config,
             metrics: Arc::new(NetMetrics::default()),
             lifecycle: DeviceLifecycle::default(),
+            iothread_affinity: None,
         }
     }
 
@@ -204,6 +215,10 @@ impl QueueDevice for Net {
 
     fn lifecycle(&mut self) -> &mut DeviceLifecycle<NetLoop> {
         &mut self.lifecycle
+    }
+
+    fn thread_affinity(&self) -> Option<CpuSet> {
+        self.iothread_affinity.clone()
     }
 
     /// The loop over the rx and tx queues; the back end gets the offloads

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub use device::{Net, NetError, NetState};
 pub use tap::{Tap, TapError};
 
+use crate::affinity::CpuSet;
 use crate::options::{invalid, Options, OptionsError};
 
 /// Size of the virtio-net header every frame carries (`virtio_net_hdr_v1`,
@@ -75,6 +76,9 @@ pub struct NetConfig {
     pub mtu: Option<u16>,
     /// The device id for logs and `vm.info`.
     pub id: Option<String>,
+    /// The host CPUs the device's thread runs on (`iothread_affinity=[1]`);
+    /// anywhere when absent.
+    pub iothread_affinity: Option<CpuSet>,
 }
 
 impl NetConfig {
@@ -101,8 +105,15 @@ impl NetConfig {
                 return Err(invalid("id", id, "must not be empty"));
             }
         }
+        let iothread_affinity = o.cpu_set("iothread_affinity")?;
         o.finish()?;
-        Ok(NetConfig { tap, mac, mtu, id })
+        Ok(NetConfig {
+            tap,
+            mac,
+            mtu,
+            id,
+            iothread_affinity,
+        })
     }
 }
 

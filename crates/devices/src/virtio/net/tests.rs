@@ -663,8 +663,11 @@ fn options_parse_and_errors_are_named() {
             mac: Some([0x52, 0x54, 0, 0xab, 0xcd, 0xef]),
             mtu: Some(1400),
             id: Some("eth".into()),
+            iothread_affinity: None,
         }
     );
+    let c = NetConfig::parse("tap0,iothread_affinity=[2]").unwrap();
+    assert_eq!(c.iothread_affinity.unwrap().cpus(), &[2]);
     assert_eq!(NetConfig::parse("hk0").unwrap().tap, "hk0");
     let err = |s: &str| NetConfig::parse(s).unwrap_err().to_string();
     assert!(err("").contains("missing option 'tap'"), "{}", err(""));

@@ -1,0 +1,167 @@
+//! Host CPU sets: which host CPUs a thread of the VMM may run on (`--cpus
+//! affinity=`, a device's `iothread_affinity=`), in the kernel's list
+//! format (`2-5,8`), checked against the CPUs this process may use, and
+//! applied by the thread itself.
+
+use std::fmt;
+
+/// A set of host CPUs, sorted, without repeats.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuSet(Vec<usize>);
+
+impl From<Vec<usize>> for CpuSet {
+    fn from(mut cpus: Vec<usize>) -> CpuSet {
+        cpus.retain(|&c| c < libc::CPU_SETSIZE as usize);
+        cpus.sort_unstable();
+        cpus.dedup();
+        CpuSet(cpus)
+    }
+}
+
+impl CpuSet {
+    /// `2`, `2,3`, `2-5,8` (the kernel's list format, as in
+    /// `Cpus_allowed_list`).
+    pub fn parse(text: &str) -> Result<CpuSet, String> {
+        let mut cpus = Vec::new();
+        for part in text.split(',').map(str::trim) {
+            let bad = || format!("'{part}' is not a host CPU or a range of them (e.g. 2 or 2-5)");
+            let (first, last) = match part.split_once('-') {
+                Some((a, b)) => (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?),
+                None => {
+                    let n: usize = part.parse().map_err(|_| bad())?;
+                    (n, n)
+                }
+            };
+            if first > last || last >= libc::CPU_SETSIZE as usize {
+                return Err(bad());
+            }
+            cpus.extend(first..=last);
+        }
+        cpus.sort_unstable();
+        cpus.dedup();
+        Ok(CpuSet(cpus))
+    }
+
+    pub fn cpus(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// The CPUs this process may run on now (its affinity, which a cpuset
+    /// cgroup or `taskset` may have narrowed).
+    pub fn of_this_process() -> std::io::Result<CpuSet> {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a live cpu_set_t of the size passed; pid 0 is
+        // the calling thread, whose mask the process's threads inherit.
+        let ret =
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+        if ret != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let cpus = (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: `cpu` is below CPU_SETSIZE, inside the set.
+            .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+            .collect();
+        Ok(CpuSet(cpus))
+    }
+
+    /// Checks every CPU of the set is one this process may run on;
+    /// otherwise says which is not and which are.
+    pub fn check_allowed(&self) -> Result<(), String> {
+        let allowed = CpuSet::of_this_process()
+            .map_err(|e| format!("cannot read this process's CPU affinity: {e}"))?;
+        match self.0.iter().find(|c| !allowed.0.contains(c)) {
+            Some(cpu) => Err(format!(
+                "host CPU {cpu} is not one hakoniwa may run on here (it may use {allowed})"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Restricts the calling thread to these CPUs.
+    pub fn pin_this_thread(&self) -> std::io::Result<()> {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for &cpu in &self.0 {
+            // SAFETY: `cpu` was checked below CPU_SETSIZE when parsed.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        // SAFETY: `set` is a live cpu_set_t of the size passed; pid 0 is
+        // the calling thread.
+        let ret =
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        if ret != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for CpuSet {
+    /// The kernel's list format: `2-5,8`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut runs: Vec<String> = Vec::new();
+        let mut i = 0;
+        while i < self.0.len() {
+            let start = self.0[i];
+            let mut end = start;
+            while i + 1 < self.0.len() && self.0[i + 1] == end + 1 {
+                i += 1;
+                end = self.0[i];
+            }
+            runs.push(if start == end {
+                start.to_string()
+            } else {
+                format!("{start}-{end}")
+            });
+            i += 1;
+        }
+        f.write_str(&runs.join(","))
+    }
+}
+
+/// A thread body that first pins itself to `affinity` (if any); a failure
+/// is logged: the CPUs were checked when the options were parsed, so it
+/// only happens if the host's CPUs changed since.
+pub fn pinned<T>(name: String, affinity: Option<CpuSet>, body: impl FnOnce() -> T) -> T {
+    if let Some(cpus) = &affinity {
+        if let Err(e) = cpus.pin_this_thread() {
+            tracing::warn!("{name}: cannot pin to host CPUs {cpus}: {e}");
+        }
+    }
+    body()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sets_parse_and_print_as_the_kernel_does() {
+        assert_eq!(CpuSet::parse("8,2-5,3").unwrap().to_string(), "2-5,8");
+        assert_eq!(CpuSet::parse("0").unwrap().to_string(), "0");
+        assert!(CpuSet::parse("3-1").is_err());
+        assert!(CpuSet::parse("x").is_err());
+    }
+
+    #[test]
+    fn a_thread_pins_itself_to_an_allowed_cpu() {
+        let allowed = CpuSet::of_this_process().unwrap();
+        let first = CpuSet::from(vec![allowed.cpus()[0]]);
+        assert_eq!(first.check_allowed(), Ok(()));
+        let absent = CpuSet::from(vec![libc::CPU_SETSIZE as usize - 1]);
+        assert!(absent
+            .check_allowed()
+            .unwrap_err()
+            .contains("is not one hakoniwa may run on"));
+        let expect = first.to_string();
+        let seen = std::thread::spawn(move || {
+            pinned("t".into(), Some(first), || {
+                CpuSet::of_this_process().unwrap()
+            })
+        })
+        .join()
+        .unwrap();
+        assert_eq!(seen.to_string(), expect);
+    }
+}
