@@ -57,6 +57,8 @@ pub struct Vmm {
     stderr: Arc<Mutex<Vec<u8>>>,
     /// Set when hakoniwa closed its stdout (it exited).
     stdout_ended: Arc<AtomicBool>,
+    /// `--api-socket`, when given: a timeout asks it for a failure report.
+    api_socket: Option<String>,
 }
 
 /// Reads `from` to its end into a buffer; the flag is set once everything
@@ -91,12 +93,55 @@ impl Vmm {
             .expect("cannot start hakoniwa");
         let (stdout, stdout_ended) = collect(child.stdout.take().unwrap());
         let (stderr, _) = collect(child.stderr.take().unwrap());
+        let api_socket = args
+            .iter()
+            .position(|a| *a == "--api-socket")
+            .and_then(|i| args.get(i + 1))
+            .map(|s| s.to_string());
         Vmm {
             stdin: child.stdin.take(),
             child,
             stdout,
             stderr,
             stdout_ended,
+            api_socket,
+        }
+    }
+
+    /// For a timeout's panic message: a failure report of the VM as it is
+    /// (`ctl dump`: where each vCPU is, the pages involved), written under
+    /// build/test-dumps/ so it outlives the rig's L1, when the VMM serves
+    /// the API.
+    fn dump_for_timeout(&self) -> String {
+        let Some(socket) = &self.api_socket else {
+            return "(no --api-socket: no failure report)".into();
+        };
+        let dir = project_root().join("build/test-dumps");
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join(format!(
+            "timeout-{}-{}.json",
+            std::process::id(),
+            self.pid()
+        ));
+        let out = Command::new("timeout")
+            .args([
+                "60",
+                hakoniwa(),
+                "ctl",
+                "--api-socket",
+                socket,
+                "dump",
+                "--path",
+            ])
+            .arg(&path)
+            .output();
+        match out {
+            Ok(out) => format!(
+                "ctl dump: {}{}",
+                String::from_utf8_lossy(&out.stdout).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(e) => format!("ctl dump: {e}"),
         }
     }
 
@@ -134,9 +179,10 @@ impl Vmm {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!(
-            "no {needle:?} on the console within {GUEST_TIMEOUT:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            "no {needle:?} on the console within {GUEST_TIMEOUT:?}\n--- stdout ---\n{}\n--- stderr ---\n{}\n--- report ---\n{}",
             self.stdout(),
-            self.stderr()
+            self.stderr(),
+            self.dump_for_timeout()
         );
     }
 
