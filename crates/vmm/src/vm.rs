@@ -175,7 +175,7 @@ impl Core {
         config.cpus.check_host()?;
         let kvm = Kvm::new().map_err(Error::OpenKvm)?;
         let vm_fd = Arc::new(create_vm(&kvm)?);
-        let ram = backing::guest_ram(&config.memory, incoming)?;
+        let ram = backing.map_ram()?;
         let memory = MemoryManager::new(vm_fd.clone(), ram)?;
         let mmu = MmuControl::new(vm_fd, config.memory_bytes, config.spt_budget)?;
         Ok(Core {

@@ -182,6 +182,7 @@ impl MemoryConfig {
             config: *self,
             thp,
             thp_note,
+            uffd_needs_small_pages,
         })
     }
 }
@@ -230,9 +231,21 @@ pub struct Backing {
     pub thp: bool,
     /// Why they do not, although asked for.
     pub thp_note: Option<String>,
+    /// RAM will be filled through userfaultfd (a migration destination).
+    uffd_needs_small_pages: bool,
 }
 
 impl Backing {
+    /// Guest RAM over [`ram_ranges`], as this checked backing says (see
+    /// [`check_host`]: the checks are not made again).
+    pub fn map_ram(&self) -> Result<GuestMemoryMmap, Error> {
+        map_checked(
+            &self.config,
+            &ram_ranges(self.config.size),
+            self.uffd_needs_small_pages,
+        )
+    }
+
     pub fn to_api(&self) -> api::MemoryBacking {
         api::MemoryBacking {
             size_mib: self.config.size >> 20,
@@ -328,29 +341,35 @@ pub fn check_host(config: &MemoryConfig, uffd_needs_small_pages: bool) -> Result
     Ok(backing)
 }
 
-/// Guest RAM for `config` laid out as `arch::layout` says (around the MMIO
-/// hole): [`map_ram`] over `arch::layout::ram_regions`.
-pub fn guest_ram(
-    config: &MemoryConfig,
-    uffd_needs_small_pages: bool,
-) -> Result<GuestMemoryMmap, Error> {
-    let ranges: Vec<(GuestAddress, usize)> = arch::layout::ram_regions(config.size)
+/// Guest RAM's ranges for `size` bytes, laid out as `arch::layout` says
+/// (around the MMIO hole).
+pub fn ram_ranges(size: u64) -> Vec<(GuestAddress, usize)> {
+    arch::layout::ram_regions(size)
         .into_iter()
-        .map(|(start, size)| (GuestAddress(start), size as usize))
-        .collect();
-    map_ram(config, &ranges, uffd_needs_small_pages)
+        .map(|(start, len)| (GuestAddress(start), len as usize))
+        .collect()
 }
 
 /// Maps guest RAM for `ranges` as `config` asks, each region with its
-/// dirty bitmap. `uffd_needs_small_pages`: RAM will be registered with
-/// userfaultfd and filled 4 KiB at a time (a migration destination), so
-/// THP is off and hugepages, prefault and shared are refused.
+/// dirty bitmap, after [`check_host`]. `uffd_needs_small_pages`: RAM will
+/// be registered with userfaultfd and filled 4 KiB at a time (a migration
+/// destination), so THP is off and hugepages, prefault and shared are
+/// refused.
 pub fn map_ram(
     config: &MemoryConfig,
     ranges: &[(GuestAddress, usize)],
     uffd_needs_small_pages: bool,
 ) -> Result<GuestMemoryMmap, Error> {
     check_host(config, uffd_needs_small_pages)?;
+    map_checked(config, ranges, uffd_needs_small_pages)
+}
+
+/// [`map_ram`] once [`check_host`] has passed.
+fn map_checked(
+    config: &MemoryConfig,
+    ranges: &[(GuestAddress, usize)],
+    uffd_needs_small_pages: bool,
+) -> Result<GuestMemoryMmap, Error> {
     // Said in the log and in vm.info's thp_note, not on stderr: a
     // destination's stderr is one line per event (waiting, refused, ...).
     if uffd_needs_small_pages && config.thp {

@@ -110,6 +110,7 @@ impl SharedDirtyLog {
     }
 
     /// Whether `slot` is logged (has a reader).
+    #[cfg(test)]
     pub fn is_logged(&self, slot: u32) -> bool {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         slots.contains_key(&slot)

@@ -33,12 +33,14 @@ use kvm_bindings::{
 };
 use kvm_ioctls::VmFd;
 use vm_memory::bitmap::AtomicBitmap;
-use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::ioctl_iowr_nr;
 
 use crate::Error;
-pub use dirty_log::{LogBackend, ReaderId, SharedDirtyLog};
+// Private: a consumer that fetched a slot's log itself would take pages
+// from the other readers; everyone goes through DirtyLogReader.
+use dirty_log::{LogBackend, ReaderId, SharedDirtyLog};
 
 pub use devices::GuestMemoryMmap;
 
@@ -65,13 +67,13 @@ impl From<MemoryError> for Error {
     }
 }
 
-/// Allocates `mem_size` bytes of guest RAM around the MMIO hole.
+/// `mem_size` bytes of plain guest RAM around the MMIO hole, for tests
+/// that need memory laid out as a VM's (VMs get theirs from
+/// [`backing::Backing::map_ram`]).
+#[cfg(test)]
 pub fn create_guest_memory(mem_size: u64) -> Result<GuestMemoryMmap, Error> {
-    let ranges: Vec<(GuestAddress, usize)> = arch::layout::ram_regions(mem_size)
-        .into_iter()
-        .map(|(start, size)| (GuestAddress(start), size as usize))
-        .collect();
-    GuestMemoryMmap::from_ranges(&ranges).map_err(|e| Error::GuestMemory(e.to_string()))
+    GuestMemoryMmap::from_ranges(&backing::ram_ranges(mem_size))
+        .map_err(|e| Error::GuestMemory(e.to_string()))
 }
 
 /// What a slot holds.
