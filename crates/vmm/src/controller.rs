@@ -298,6 +298,22 @@ impl VmControl {
 
     fn info(&self) -> VmInfo {
         let d = &self.vm.description;
+        // Every thread with where it may run, read from /proc once; the
+        // vCPUs' entries come from the same reading.
+        let threads: Vec<HostThread> = crate::cpus::threads_of_this_process()
+            .into_iter()
+            .map(|(thread_id, name, cpus_allowed)| HostThread {
+                thread_id,
+                name,
+                cpus_allowed,
+            })
+            .collect();
+        let cpus_allowed = |tid: i32| {
+            threads
+                .iter()
+                .find(|t| t.thread_id == tid)
+                .and_then(|t| t.cpus_allowed.clone())
+        };
         VmInfo {
             state: self.state(),
             vcpus: u32::from(d.vcpus),
@@ -308,21 +324,14 @@ impl VmControl {
                 .vcpu_threads
                 .report()
                 .into_iter()
-                .map(|(index, thread_id, cpus_allowed)| VcpuThread {
+                .map(|(index, thread_id)| VcpuThread {
                     index,
                     thread_id,
                     pinned: d.cpus.affinity.get(&index).map(|s| s.to_string()),
-                    cpus_allowed,
+                    cpus_allowed: cpus_allowed(thread_id),
                 })
                 .collect(),
-            threads: crate::cpus::threads_of_this_process()
-                .into_iter()
-                .map(|(thread_id, name, cpus_allowed)| HostThread {
-                    thread_id,
-                    name,
-                    cpus_allowed,
-                })
-                .collect(),
+            threads,
             kernel: d.kernel.clone(),
             cmdline: d.cmdline.clone(),
             boot_protocol: d.boot_protocol.name().into(),
