@@ -13,8 +13,9 @@ const STATUS_CAPABILITIES: u32 = 1 << 20; // bit 4 of the status register
 const COMMAND_WRITABLE: u32 = 0x0000_0407; // I/O, memory, bus master, INTx disable
 const BAR0_REG: usize = 4;
 const BAR_COUNT: usize = 6;
-/// BAR type bits: 64-bit memory BAR.
+/// BAR type bits: 64-bit memory BAR; prefetchable memory.
 const BAR_MEM64: u32 = 0b100;
+const BAR_PREFETCHABLE: u32 = 0b1000;
 
 /// Identity of a PCI function.
 #[derive(Clone, Copy, Debug)]
@@ -34,6 +35,36 @@ pub struct Bar {
     pub index: usize,
     pub address: u64,
     pub size: u64,
+    /// A 64-bit BAR: registers `index` and `index + 1`.
+    pub wide: bool,
+}
+
+/// The type bits of a memory BAR (the register's low nibble).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BarKind {
+    /// 64-bit (two registers) rather than 32-bit.
+    pub wide: bool,
+    pub prefetchable: bool,
+}
+
+impl BarKind {
+    /// The kind a BAR register's low nibble says (bit 0 must be clear:
+    /// memory, not I/O).
+    pub fn from_register(register: u32) -> BarKind {
+        BarKind {
+            wide: register & 0b110 == BAR_MEM64,
+            prefetchable: register & BAR_PREFETCHABLE != 0,
+        }
+    }
+
+    fn bits(self) -> u32 {
+        (if self.wide { BAR_MEM64 } else { 0 })
+            | (if self.prefetchable {
+                BAR_PREFETCHABLE
+            } else {
+                0
+            })
+    }
 }
 
 /// The 256-byte configuration space of one function.
@@ -70,21 +101,38 @@ impl PciConfigSpace {
     /// Adds a 64-bit memory BAR at `index` (uses `index` and `index + 1`),
     /// placed at `address`; `size` must be a power of two ≥ 4 KiB.
     pub fn add_bar64(&mut self, index: usize, address: u64, size: u64) {
+        let kind = BarKind {
+            wide: true,
+            prefetchable: false,
+        };
+        self.add_memory_bar(index, address, size, kind);
+    }
+
+    /// Adds a memory BAR of `kind` at `index` (a 64-bit one also uses
+    /// `index + 1`), placed at `address`; `size` must be a power of two
+    /// ≥ 16 bytes that the address is aligned to, and a 32-bit BAR must lie
+    /// below 4 GiB.
+    pub fn add_memory_bar(&mut self, index: usize, address: u64, size: u64, kind: BarKind) {
+        let last = index + usize::from(kind.wide);
         assert!(
-            index + 1 < BAR_COUNT
+            last < BAR_COUNT
                 && size.is_power_of_two()
-                && size >= 0x1000
+                && size >= 16
                 && address.is_multiple_of(size)
+                && (kind.wide || address + size <= 1 << 32)
         );
         let reg = BAR0_REG + index;
-        self.regs[reg] = (address as u32) | BAR_MEM64;
-        self.regs[reg + 1] = (address >> 32) as u32;
-        self.writable[reg] = !(size as u32 - 1) & !0xf;
-        self.writable[reg + 1] = !((size - 1) >> 32) as u32;
+        self.regs[reg] = (address as u32) | kind.bits();
+        self.writable[reg] = !((size - 1) as u32) & !0xf;
+        if kind.wide {
+            self.regs[reg + 1] = (address >> 32) as u32;
+            self.writable[reg + 1] = !((size - 1) >> 32) as u32;
+        }
         self.bars.push(Bar {
             index,
             address,
             size,
+            wide: kind.wide,
         });
     }
 
@@ -145,19 +193,21 @@ impl PciConfigSpace {
         let i = self
             .bars
             .iter()
-            .position(|b| reg == BAR0_REG + b.index || reg == BAR0_REG + b.index + 1)?;
+            .position(|b| reg == BAR0_REG + b.index || (b.wide && reg == BAR0_REG + b.index + 1))?;
         if value & bits == bits {
             return None; // all ones: the guest is sizing the BAR
         }
         let low = BAR0_REG + self.bars[i].index;
+        let wide = self.bars[i].wide;
         // While either half still holds its sizing mask, the address is a
         // transient of the probe, not a place to move to.
         if self.regs[low] & !0xf == self.writable[low]
-            || self.regs[low + 1] == self.writable[low + 1]
+            || (wide && self.regs[low + 1] == self.writable[low + 1])
         {
             return None;
         }
-        let address = (u64::from(self.regs[low + 1]) << 32) | u64::from(self.regs[low] & !0xf);
+        let high = if wide { self.regs[low + 1] } else { 0 };
+        let address = (u64::from(high) << 32) | u64::from(self.regs[low] & !0xf);
         let bar = self.bars[i];
         if address == bar.address || !address.is_multiple_of(bar.size) {
             return None;
@@ -270,6 +320,27 @@ mod tests {
             assert_eq!(s.write(reg, original, 0xffff_ffff), None);
         }
         assert_eq!(s.bars()[0].address, 0xc000_0000);
+    }
+
+    #[test]
+    fn a_32_bit_prefetchable_bar_sizes_and_moves_in_one_register() {
+        let mut s = space();
+        let kind = BarKind {
+            wide: false,
+            prefetchable: true,
+        };
+        s.add_memory_bar(2, 0xc002_0000, 0x2_0000, kind);
+        assert_eq!(s.read(6), 0xc002_0008);
+        assert_eq!(BarKind::from_register(s.read(6)), kind);
+        assert_eq!(s.write(6, 0xffff_ffff, 0xffff_ffff), None);
+        assert_eq!(s.read(6), 0xfffe_0008, "size 128 KiB");
+        assert_eq!(s.write(6, 0xc002_0000, 0xffff_ffff), None);
+        // The next register is not part of this BAR.
+        assert_eq!(s.write(7, 0xffff_ffff, 0xffff_ffff), None);
+        assert_eq!(s.read(7), 0);
+        let (old, new) = s.write(6, 0xd000_0000, 0xffff_ffff).unwrap();
+        assert_eq!((old.address, new), (0xc002_0000, 0xd000_0000));
+        assert_eq!(s.bars()[0].address, 0xd000_0000);
     }
 
     #[test]

@@ -9,7 +9,7 @@ pub mod host_bridge;
 pub mod msix;
 
 pub use config_io::{PciConfigIo, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_PORT_COUNT};
-pub use config_space::{Bar, PciConfigSpace, PciIdentity};
+pub use config_space::{Bar, BarKind, PciConfigSpace, PciIdentity};
 pub use host_bridge::HostBridge;
 
 /// A BAR the guest moved: where it was and where it is now.
