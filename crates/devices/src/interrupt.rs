@@ -153,6 +153,12 @@ impl MsiVector {
         self.routing.set_route(self.gsi, message)
     }
 
+    /// The eventfd KVM injects the interrupt from: a passed-through
+    /// device signals it directly (crate::vfio), with no VMM thread between.
+    pub fn irqfd(&self) -> &EventFd {
+        &self.irqfd
+    }
+
     /// Injects the interrupt.
     pub fn trigger(&self) {
         // Fails only if the counter would overflow: the interrupt is pending anyway.

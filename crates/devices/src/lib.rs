@@ -10,6 +10,7 @@ pub mod interrupt;
 pub mod legacy;
 pub mod options;
 pub mod pci;
+pub mod vfio;
 pub mod virtio;
 
 pub use bus::{Bus, BusDevice, BusError, SharedDevice};

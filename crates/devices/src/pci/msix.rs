@@ -88,6 +88,12 @@ impl Msix {
         (bytes, writable)
     }
 
+    /// Each vector's irqfd, in vector order (for a device that signals
+    /// them itself: crate::vfio).
+    pub fn irqfds(&self) -> Vec<&vmm_sys_util::eventfd::EventFd> {
+        self.vectors.iter().map(MsiVector::irqfd).collect()
+    }
+
     /// Size in bytes of the table and of the pending-bit array.
     pub fn table_size(&self) -> u64 {
         self.entries.len() as u64 * ENTRY_SIZE
