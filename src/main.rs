@@ -59,6 +59,11 @@ struct RunArgs {
     /// path=FILE[,readonly=on][,cache=writeback|none|unsafe][,id=NAME]
     #[arg(long, value_name = "OPTIONS")]
     disk: Vec<String>,
+    /// Pass a host PCI function bound to vfio-pci through to the guest
+    /// (docs/passthrough.md). Repeatable.
+    /// path=/sys/bus/pci/devices/DDDD:BB:DD.F[,id=NAME][,irq_affinity=on]
+    #[arg(long, value_name = "OPTIONS")]
+    device: Vec<String>,
     /// Add a virtio-net interface on a TAP device. Repeatable.
     /// tap=NAME[,mac=52:54:00:..][,mtu=N][,id=NAME]
     #[arg(long, value_name = "OPTIONS")]
@@ -372,6 +377,7 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
         restore: args.restore,
         incoming: args.incoming,
         dump_dir: args.dump_dir,
+        passthrough: args.device,
         virtio: VirtioConfig {
             disks: args.disk,
             nets: args.net,

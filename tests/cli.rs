@@ -153,6 +153,30 @@ fn cpu_pinning_mistakes_are_one_line_errors() {
 }
 
 #[test]
+fn passthrough_mistakes_are_one_line_errors() {
+    let kernel = fake_bzimage();
+    let kernel = kernel.to_str().unwrap();
+    for (device, needle) in [
+        (
+            "path=/sys/bus/pci/devices/0000:99:1f.7",
+            "--device: /sys/bus/pci/devices/0000:99:1f.7: no such PCI device",
+        ),
+        (
+            "path=/sys/bus/pci/devices/0000:99:1f.7,speed=9",
+            "--device: unknown option 'speed' (known: path, id, irq_affinity)",
+        ),
+        ("id=nvme0", "--device: missing option 'path'"),
+        (
+            "path=/x,irq_affinity=maybe",
+            "--device: option irq_affinity=maybe: 'maybe' is not on or off",
+        ),
+    ] {
+        let (code, _) = expect_error(&["run", "--kernel", kernel, "--device", device], needle);
+        assert_eq!(code, 125, "{device}");
+    }
+}
+
+#[test]
 fn unknown_flags() {
     let (code, _) = expect_error(&["run", "--frobnicate"], "--frobnicate");
     assert_eq!(code, 2, "usage errors exit 2");

@@ -35,6 +35,9 @@ pub struct VmConfig {
     pub async_pf: bool,
     /// Virtio devices.
     pub virtio: VirtioConfig,
+    /// `--device path=/sys/bus/pci/devices/..[,id=..][,irq_affinity=on]`:
+    /// host PCI functions passed through with VFIO (crate::passthrough).
+    pub passthrough: Vec<String>,
     /// Shadow-paging budget (`--spt-pages`; docs/shadow-paging.md).
     pub spt_budget: crate::mmu::SptBudget,
     /// Periodic metrics file (`--metrics`, `--metrics-interval`).

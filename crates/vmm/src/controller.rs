@@ -149,6 +149,10 @@ impl VmControl {
         if self.state() == VmState::ShuttingDown {
             return Err(ApiError::conflict("the VM is shutting down"));
         }
+        self.vm
+            .passthrough
+            .refuse("a migration")
+            .map_err(ApiError::conflict)?;
         let to = crate::migration::parse_tcp_address(&request.to)
             .map_err(|e| ApiError::bad_request(format!("to: {e}")))?;
         let request = MigrationRequest {
@@ -191,6 +195,10 @@ impl VmControl {
         if path.trim().is_empty() {
             return Err(ApiError::bad_request("path: give the snapshot file's path"));
         }
+        self.vm
+            .passthrough
+            .refuse("a snapshot")
+            .map_err(ApiError::conflict)?;
         if self.snapshotting.swap(true, Ordering::SeqCst) {
             return Err(ApiError::conflict("a snapshot is already being taken"));
         }

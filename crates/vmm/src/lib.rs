@@ -37,6 +37,7 @@ pub mod memory;
 pub mod metrics;
 pub mod migration;
 pub mod mmu;
+pub mod passthrough;
 pub mod platform;
 pub mod signals;
 pub mod snapshot;

@@ -20,6 +20,7 @@ use devices::pci::{
     BarAllocator, HostBridge, PciConfigIo, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_PORT_COUNT,
     PCI_MMIO_END, PCI_MMIO_START,
 };
+use devices::vfio::{GuestMapper, HostDevice, VfioPciDevice};
 use devices::virtio::balloon::{Balloon, BalloonControl};
 use devices::virtio::block::{Block, BlockConfig};
 use devices::virtio::input::{Input, InputControl};
@@ -30,6 +31,7 @@ use devices::virtio::vsock::Vsock;
 use devices::virtio::{StateError, VirtioDevice};
 use devices::{Bus, ExitNotifier, SharedDevice};
 use kvm_ioctls::VmFd;
+use vfio_ioctls::VfioDevice;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::VirtioConfig;
@@ -201,6 +203,55 @@ impl Platform {
             ],
         });
         Ok(())
+    }
+
+    /// Puts a host PCI function opened with VFIO on the PCI bus: a free
+    /// slot, its BARs in the PCI memory window (mapped into the guest
+    /// through `mapper` where VFIO allows), its MSI/MSI-X vectors in the
+    /// VM's routing table (crate::passthrough).
+    pub fn attach_passthrough(
+        &mut self,
+        id: String,
+        host: HostDevice,
+        device: VfioDevice,
+        mapper: Arc<dyn GuestMapper>,
+    ) -> Result<Arc<Mutex<VfioPciDevice>>, Error> {
+        let fail = |message: String| Error::Device(id.clone(), message);
+        let slot = self
+            .pci
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free_device()
+            .ok_or_else(|| fail("no free PCI slot (31 devices at most)".into()))?;
+        let address = host.address.clone();
+        let (function, bars) = VfioPciDevice::new(
+            id.clone(),
+            host,
+            device,
+            &self.routing,
+            &mut self.bars,
+            mapper,
+        )
+        .map_err(|e| fail(format!("{address}: {e}")))?;
+        for bar in &bars {
+            self.mmio
+                .insert(bar.access.clone(), bar.address, bar.size)
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        let kind = format!("vfio-pci ({})", function.identity());
+        let mut resources = vec![format!("pci 00:{slot:02x}.0")];
+        resources.extend(function.resources());
+        let function = Arc::new(Mutex::new(function));
+        self.pci
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add_function(slot, function.clone());
+        self.devices.push(DeviceDescription {
+            id,
+            kind,
+            resources,
+        });
+        Ok(function)
     }
 
     /// What the ACPI tables say about these devices.

@@ -32,6 +32,7 @@ use crate::memory::MemoryManager;
 use crate::metrics::{MetricsSink, MetricsSource, MetricsWriter};
 use crate::migration::{MigrationReports, MigrationSource};
 use crate::mmu::{AgentListener, MmuControl, SptBudget};
+use crate::passthrough::{PassthroughDevices, PassthroughPlan};
 use crate::platform::{create_virtio_devices, Platform, VirtioDevices};
 use crate::snapshot::restore as snapshot_restore;
 use crate::snapshot::SnapshotSource;
@@ -43,6 +44,8 @@ use crate::{signals, Error};
 pub struct Vm {
     pub description: VmDescription,
     pub memory: Arc<MemoryManager>,
+    /// Host PCI functions passed through (crate::passthrough).
+    pub passthrough: PassthroughDevices,
     pub run: Arc<RunControl>,
     pub pauser: Arc<VcpuPauser>,
     /// Each vCPU thread's id (and so its CPU affinity), for `vm.info`.
@@ -80,6 +83,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     signals::block_stop_signals()?;
     check_host_memory(config.memory_bytes)?;
     let display_config = parse_display(config)?;
+    let passthrough = PassthroughPlan::check(config)?;
     let start = Start::prepare(config)?;
     let mut virtio = create_virtio_devices(&virtio_options(config, display_config.as_ref()))?;
     let metrics_sink = open_metrics(config)?;
@@ -91,7 +95,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         None => None,
     };
     let _mmu_agent = start_mmu_agent(config, &core.mmu)?;
-    let platform = build_platform(&core, &mut virtio)?;
+    let (platform, passthrough) = build_platform(&core, &mut virtio, passthrough)?;
     let cmdline = guest_cmdline(config, display_config.as_ref());
     let mut loaded = start.load(&Target {
         config,
@@ -126,6 +130,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         &core,
         Parts {
             platform,
+            passthrough,
             loaded,
             framebuffer,
             display: display.as_ref().map(|d| d.control()),
@@ -193,6 +198,7 @@ impl Core {
 /// What the build made besides the core, for [`assemble`].
 struct Parts {
     platform: Platform,
+    passthrough: PassthroughDevices,
     loaded: Loaded,
     framebuffer: Option<Arc<Framebuffer>>,
     display: Option<Arc<DisplayControl>>,
@@ -269,15 +275,20 @@ fn virtio_options(config: &VmConfig, display: Option<&DisplayConfig>) -> VirtioC
     options
 }
 
-/// Platform devices on the port bus, virtio devices on PCI.
-fn build_platform(core: &Core, virtio: &mut VirtioDevices) -> Result<Platform, Error> {
+/// Platform devices on the port bus, virtio and passthrough devices on PCI.
+fn build_platform(
+    core: &Core,
+    virtio: &mut VirtioDevices,
+    passthrough: PassthroughPlan,
+) -> Result<(Platform, PassthroughDevices), Error> {
     let memory = &core.memory;
     let notifier = exit_notifier(core.control.clone(), core.events.clone());
     let mut platform = Platform::new(memory.vm_fd(), notifier)?;
     for device in std::mem::take(&mut virtio.devices) {
         platform.attach_virtio(memory.vm_fd(), memory.ram(), device)?;
     }
-    Ok(platform)
+    let passthrough = passthrough.attach(memory, &mut platform)?;
+    Ok((platform, passthrough))
 }
 
 /// Creates and configures every vCPU before any runs: once the boot CPU
@@ -362,6 +373,7 @@ fn start_console(
 fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
     let Parts {
         platform,
+        passthrough,
         loaded,
         framebuffer,
         display,
@@ -417,6 +429,7 @@ fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
             devices: platform.devices,
         },
         memory,
+        passthrough,
         run: core.control.clone(),
         pauser,
         vcpu_threads: core.vcpu_threads.clone(),

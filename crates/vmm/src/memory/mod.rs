@@ -191,6 +191,41 @@ impl MemoryManager {
         Ok(slot)
     }
 
+    /// Moves device region `slot` (from [`add_region`](Self::add_region))
+    /// to guest-physical `guest_address`: the guest moved the BAR it is
+    /// in. KVM cannot move a slot, so it is deleted and added again.
+    pub fn move_region(&self, slot: u32, guest_address: u64) -> Result<(), MemoryError> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let s = slots
+            .get_mut(slot as usize)
+            .filter(|s| matches!(s.kind, SlotKind::Device(_)))
+            .ok_or(MemoryError::NoSlot(slot))?;
+        if s.guest_address == guest_address {
+            return Ok(());
+        }
+        let deleted = Slot {
+            kind: s.kind.clone(),
+            guest_address: s.guest_address,
+            len: 0,
+            host_address: s.host_address,
+            _owner: None,
+        };
+        self.set_region(slot, &deleted, false)?;
+        s.guest_address = guest_address;
+        self.set_region(slot, s, false)
+    }
+
+    /// Each RAM region as (guest-physical address, host address, length):
+    /// what a device that DMAs into the guest must have mapped (VFIO).
+    pub fn ram_mappings(&self) -> Vec<(u64, *mut u8, usize)> {
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots
+            .iter()
+            .filter(|s| matches!(s.kind, SlotKind::Ram(_)))
+            .map(|s| (s.guest_address, s.host_address as *mut u8, s.len))
+            .collect()
+    }
+
     /// Starts a reader of the dirty logs of `slots`: each harvest gives the
     /// pages written since this reader's previous harvest (or now).
     pub fn dirty_log(self: &Arc<Self>, slots: &[u32]) -> Result<DirtyLogReader, MemoryError> {
