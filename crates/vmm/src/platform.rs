@@ -172,12 +172,7 @@ impl Platform {
     ) -> Result<(), Error> {
         let id = device.id().to_string();
         let fail = |message: String| Error::Device(id.clone(), message);
-        let slot = self
-            .pci
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free_device()
-            .ok_or_else(|| fail("no free PCI slot (31 devices at most)".into()))?;
+        let slot = self.free_slot().map_err(fail)?;
         let bar = self
             .bars
             .allocate(BAR_SIZE)
@@ -217,12 +212,7 @@ impl Platform {
         mapper: Arc<dyn GuestMapper>,
     ) -> Result<Arc<Mutex<VfioPciDevice>>, Error> {
         let fail = |message: String| Error::Device(id.clone(), message);
-        let slot = self
-            .pci
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free_device()
-            .ok_or_else(|| fail("no free PCI slot (31 devices at most)".into()))?;
+        let slot = self.free_slot().map_err(fail)?;
         let address = host.address.clone();
         let (function, bars) = VfioPciDevice::new(
             id.clone(),
@@ -252,6 +242,15 @@ impl Platform {
             resources,
         });
         Ok(function)
+    }
+
+    /// The next free device number on the PCI bus.
+    fn free_slot(&self) -> Result<u8, String> {
+        self.pci
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free_device()
+            .ok_or_else(|| "no free PCI slot (31 devices at most)".into())
     }
 
     /// What the ACPI tables say about these devices.
