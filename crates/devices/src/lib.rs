@@ -6,6 +6,7 @@
 
 pub mod affinity;
 pub mod bus;
+pub mod host_irq;
 pub mod interrupt;
 pub mod legacy;
 pub mod options;
