@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 pub use devices::affinity::CpuSet;
@@ -157,16 +158,24 @@ impl VcpuThreadIds {
 /// by thread id. Device threads are named after their device
 /// (`disk0-queue`, `disk0-io0`, `net0-worker`), vCPUs `vcpuN`.
 pub fn threads_of_this_process() -> Vec<(i32, String, Option<String>)> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+    threads_of(Path::new("/proc/self"))
+}
+
+/// Every thread of the process whose `/proc` directory is `process`
+/// (`/proc/self`, `/proc/PID`, or a test's fake tree), as
+/// [`threads_of_this_process`] lists them; empty if it has gone.
+pub fn threads_of(process: &Path) -> Vec<(i32, String, Option<String>)> {
+    let Ok(dir) = std::fs::read_dir(process.join("task")) else {
         return Vec::new();
     };
     let mut threads: Vec<_> = dir
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .map(|tid| {
-            let name = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+            let task = process.join("task").join(tid.to_string());
+            let name = std::fs::read_to_string(task.join("comm"))
                 .map(|n| n.trim().to_string())
                 .unwrap_or_default();
-            (tid, name, cpus_allowed_list(tid))
+            (tid, name, cpus_allowed_in(&task))
         })
         .collect();
     threads.sort();
@@ -175,7 +184,12 @@ pub fn threads_of_this_process() -> Vec<(i32, String, Option<String>)> {
 
 /// `Cpus_allowed_list` of one of this process's threads.
 pub fn cpus_allowed_list(tid: i32) -> Option<String> {
-    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    cpus_allowed_in(&Path::new("/proc/self/task").join(tid.to_string()))
+}
+
+/// `Cpus_allowed_list` from the `status` of a `/proc` task directory.
+fn cpus_allowed_in(task: &Path) -> Option<String> {
+    let status = std::fs::read_to_string(task.join("status")).ok()?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))

@@ -16,7 +16,8 @@
 //! - [`metrics`]: the periodic metrics file (`--metrics`);
 //! - [`snapshot`]: saving a VM to a file and restoring it (`--restore`);
 //! - [`migration`]: live migration (`ctl migrate`, `run --incoming`);
-//! - [`dump`]: failure reports (`run --dump-dir`, `ctl dump`).
+//! - [`dump`]: failure reports (`run --dump-dir`, `ctl dump`);
+//! - [`isolation`]: the isolation check of the pinned CPUs (`ctl isolation`).
 
 /// Writes one line to stderr, whole: see [`console::say_line`].
 macro_rules! say {
@@ -33,6 +34,7 @@ pub mod cpus;
 pub mod display;
 pub mod dump;
 pub mod event;
+pub mod isolation;
 pub mod memory;
 pub mod metrics;
 pub mod migration;
