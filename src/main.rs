@@ -223,6 +223,14 @@ enum CtlCommandArg {
         #[arg(long, value_name = "FILE")]
         path: Option<PathBuf>,
     },
+    /// Check whether the pinned vCPUs' host CPUs are the VM's own: shared
+    /// with other hakoniwa VMs, isolated by the host, where passed-through
+    /// devices' interrupts go (docs/running.md, "Isolation check").
+    Isolation {
+        /// Print the report as JSON (the API's answer) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Save the whole VM to a file (pausing it meanwhile); `run --restore
     /// FILE` continues it (docs/snapshot.md).
     Snapshot {
@@ -434,6 +442,18 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
             Some(path) => Some(absolute_utf8(&path)?),
             None => None,
         }),
+        CtlCommandArg::Isolation { json } => {
+            let output = api::run_ctl(&args.api_socket, &api::CtlCommand::Isolation)
+                .map_err(|e| e.to_string())?;
+            if json {
+                println!("{output}");
+            } else {
+                let report: vmm::isolation::IsolationReport = serde_json::from_str(&output)
+                    .map_err(|e| format!("bad isolation report: {e}"))?;
+                print!("{report}");
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
         CtlCommandArg::Migrate {
             to,
             mode,

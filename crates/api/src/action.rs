@@ -186,6 +186,11 @@ pub enum ApiAction {
     /// seems stuck), pausing it for a moment; answered with
     /// [`ApiResponse::Dump`].
     Dump(DumpRequest),
+    /// Whether the VM's pinned CPUs are its own: shared with other
+    /// hakoniwa VMs' threads, isolated by the host, where passed-through
+    /// devices' host interrupts go; answered with
+    /// [`ApiResponse::Isolation`].
+    IsolationInfo,
 }
 
 /// Body of `PUT /api/v1/vm.migrate`.
@@ -340,6 +345,9 @@ pub enum ApiResponse {
     Migration(serde_json::Value),
     /// Answer to [`ApiAction::Dump`].
     Dump(DumpInfo),
+    /// Answer to [`ApiAction::IsolationInfo`]: the isolation report
+    /// (docs/running.md lists the fields).
+    Isolation(serde_json::Value),
 }
 
 /// Refusal or failure of an [`ApiAction`], carrying the HTTP status to send.

@@ -220,11 +220,13 @@ pub enum CtlCommand {
     /// Write a failure report of the VM as it is now (to this file, or
     /// into the VM's --dump-dir).
     Dump(Option<String>),
+    /// Print the isolation report of the VM's pinned CPUs.
+    Isolation,
 }
 
 impl CtlCommand {
     /// Every command that takes no argument, for help texts and parsers.
-    pub const ALL: [CtlCommand; 9] = [
+    pub const ALL: [CtlCommand; 10] = [
         CtlCommand::Ping,
         CtlCommand::Info,
         CtlCommand::Pause,
@@ -234,6 +236,7 @@ impl CtlCommand {
         CtlCommand::Mmu,
         CtlCommand::Display,
         CtlCommand::Migration,
+        CtlCommand::Isolation,
     ];
 
     /// The command's name on the command line.
@@ -251,6 +254,7 @@ impl CtlCommand {
             CtlCommand::Migrate(_) => "migrate",
             CtlCommand::Migration => "migration",
             CtlCommand::Dump(_) => "dump",
+            CtlCommand::Isolation => "isolation",
         }
     }
 
@@ -274,6 +278,7 @@ impl CtlCommand {
             CtlCommand::Migrate(request) => ApiAction::Migrate(request),
             CtlCommand::Migration => ApiAction::MigrationInfo,
             CtlCommand::Dump(path) => ApiAction::Dump(DumpRequest { path }),
+            CtlCommand::Isolation => ApiAction::IsolationInfo,
         }
     }
 
@@ -295,6 +300,7 @@ impl CtlCommand {
             CtlCommand::Migrate(_) => "migration started",
             CtlCommand::Migration => "no migration information returned",
             CtlCommand::Dump(_) => "no report returned",
+            CtlCommand::Isolation => "no isolation report returned",
         }
     }
 }

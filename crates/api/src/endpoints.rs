@@ -173,6 +173,7 @@ routes! {
     Put "/api/v1/vm.migrate"  => Migrate(request);
     Get "/api/v1/vm.migration" => MigrationInfo;
     Put "/api/v1/vm.dump"     => Dump(request);
+    Get "/api/v1/vm.isolation" => IsolationInfo;
 }
 
 /// Result of looking a request up in [`ROUTES`].
@@ -258,6 +259,7 @@ mod tests {
             ApiAction::Dump(crate::action::DumpRequest {
                 path: Some("/tmp/report.json".into()),
             }),
+            ApiAction::IsolationInfo,
         ];
         assert_eq!(actions.len(), ROUTES.len());
         for action in actions {

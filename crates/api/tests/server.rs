@@ -123,6 +123,9 @@ impl VmController for FakeVmm {
                 path: request.path.unwrap_or_else(|| "/dumps/1.json".into()),
                 summary: "requested: vCPU 0 (paused) at RIP 0x1000".into(),
             })),
+            ApiAction::IsolationInfo => Ok(ApiResponse::Isolation(
+                serde_json::json!({"verdict": "needs_pinning"}),
+            )),
         }
     }
 }
@@ -883,6 +886,20 @@ fn snapshot_endpoint_carries_the_path() {
     )
     .unwrap();
     assert_eq!(status, 400, "{body}");
+}
+
+#[test]
+fn isolation_endpoint_is_a_get_returning_the_report() {
+    let h = start();
+    let out = client::run_ctl(&h.path, &CtlCommand::Isolation).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["verdict"], "needs_pinning");
+    assert_eq!(
+        h.vmm.actions.lock().unwrap().last(),
+        Some(&ApiAction::IsolationInfo)
+    );
+    let (status, _) = client::request(&h.path, "PUT", "/api/v1/vm.isolation", None).unwrap();
+    assert_eq!(status, 405);
 }
 
 #[test]
