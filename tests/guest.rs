@@ -364,6 +364,8 @@ fn api_describes_pauses_resumes_and_shuts_down_the_vm() {
         "{ids:?}"
     );
 
+    check_isolation_against_a_second_vm(&socket, vmm.pid());
+
     let (ok, out) = ctl(&socket, "pause");
     assert!(ok, "{out}");
     let (_, info) = ctl(&socket, "info");
@@ -394,6 +396,97 @@ fn api_describes_pauses_resumes_and_shuts_down_the_vm() {
         !std::path::Path::new(&socket).exists(),
         "the API socket must be removed"
     );
+}
+
+/// `ctl isolation` on the VM at `socket` (vCPU 0 pinned to CPU 0, vCPU 1
+/// free) while a second VM pins its vCPU to the same CPU 0 (L1's only
+/// one): the report says CPU 0 is shared with that VM, and with vCPU 1.
+fn check_isolation_against_a_second_vm(socket: &str, this_pid: i32) {
+    let other_socket = common::temp_socket("api-test-other");
+    let mut other = Vmm::spawn(&[
+        "run",
+        "--cpus",
+        "boot=1,affinity=[0@[0]]",
+        "--memory",
+        "128M",
+        "--api-socket",
+        &other_socket,
+    ]);
+    // Its vCPU thread pins itself before it first enters the guest: that
+    // is enough, its guest need not boot.
+    let deadline = std::time::Instant::now() + GUEST_TIMEOUT;
+    loop {
+        let (ok, info) = ctl(&other_socket, "info");
+        let running = ok
+            && serde_json::from_str::<serde_json::Value>(&info)
+                .is_ok_and(|i| i["vcpu_threads"][0]["cpus_allowed"] == "0");
+        if running {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second VM's vCPU never ran: {info}\n{}",
+            other.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let (ok, out) = common::ctl(socket, &["isolation", "--json"]);
+    assert!(ok, "{out}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["verdict"], "not_isolated", "{report:#}");
+    assert_eq!(report["vm_cpus"], "0", "{report:#}");
+    // The other VM, found by its exe; the ctl processes are not VMs.
+    let others = report["other_vms"].as_array().unwrap();
+    assert_eq!(others.len(), 1, "{report:#}");
+    assert_eq!(others[0]["pid"], other.pid(), "{report:#}");
+    assert_eq!(others[0]["matched_by"], "exe", "{report:#}");
+    let cpu0 = &report["cpus"][0];
+    assert_eq!(cpu0["cpu"], 0, "{report:#}");
+    assert_eq!(cpu0["vcpus"], serde_json::json!([0]), "{report:#}");
+    let shared = cpu0["shared_with"].as_array().unwrap();
+    let has = |owner: &str, pid: i32, name: &str| {
+        shared
+            .iter()
+            .any(|t| t["owner"] == owner && t["pid"] == pid && t["name"] == name)
+    };
+    assert!(has("other_vm", other.pid(), "vcpu0"), "{report:#}");
+    assert!(has("this_vm_vcpu", this_pid, "vcpu1"), "{report:#}");
+    let shared_problem = format!(
+        "CPU 0 is shared with another hakoniwa VM: pid {}",
+        other.pid()
+    );
+    assert!(
+        report["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str().unwrap().starts_with(&shared_problem)),
+        "{report:#}"
+    );
+    assert!(
+        report["changed"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("vCPU 0's thread "),
+        "{report:#}"
+    );
+    // The same, for people.
+    let (ok, text) = common::ctl(socket, &["isolation"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.starts_with("verdict: not isolated (vCPUs on host CPUs 0)\nCPU 0: vCPU 0; "),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("  shared with other VM, pid {}: ", other.pid())),
+        "{text}"
+    );
+    println!("ctl isolation:\n{text}");
+
+    let (ok, out) = ctl(&other_socket, "shutdown");
+    assert!(ok, "{out}");
+    other.wait_exit(Duration::from_secs(60));
 }
 
 /// A pseudo-terminal pair: hakoniwa gets the follower side as its terminal.
