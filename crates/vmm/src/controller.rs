@@ -377,10 +377,7 @@ impl VmControl {
                     id: p.id.clone(),
                     host_address: p.host_address.clone(),
                     irq_affinity: p.irq_affinity,
-                    // irq_affinity=on does not steer yet: once the device's
-                    // interrupts_changed hook runs an IrqSteering, its
-                    // changes() go here.
-                    irq_changes: Vec::new(),
+                    irq_changes: p.steering.as_ref().map(|s| s.changes()).unwrap_or_default(),
                 })
                 .collect(),
         };

@@ -13,6 +13,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use devices::affinity::CpuSet;
+use devices::host_irq::IrqSteering;
 use devices::vfio::{host, GuestMapper, HostDevice, PassthroughConfig};
 use kvm_bindings::{kvm_create_device, kvm_device_type_KVM_DEV_TYPE_VFIO};
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioDeviceFd, VfioError};
@@ -32,13 +34,16 @@ fn fail(message: impl Into<String>) -> Error {
 
 /// A passthrough device of the running VM, for the API and the checks
 /// that refuse what it cannot do.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct PassthroughDevice {
     pub id: String,
     /// The host function (`0000:00:03.0`).
     pub host_address: String,
     /// `irq_affinity=on`: its host interrupts follow the vCPUs' CPUs.
     pub irq_affinity: bool,
+    /// With `irq_affinity=on`: the steering, run each time the guest
+    /// enables or changes the device's MSI/MSI-X, and what it changed.
+    pub steering: Option<IrqSteering>,
 }
 
 /// The VM's passthrough devices (empty for most VMs).
@@ -59,9 +64,29 @@ impl PassthroughDevices {
     }
 }
 
+/// One `--device`, parsed and checked on the host.
+struct Planned {
+    id: String,
+    host: HostDevice,
+    steering: Option<IrqSteering>,
+}
+
 /// The `--device` options, parsed and checked on the host.
 pub struct PassthroughPlan {
-    devices: Vec<(String, PassthroughConfig, HostDevice)>,
+    devices: Vec<Planned>,
+}
+
+/// Every host CPU a vCPU is pinned to (empty if none is).
+fn vcpu_cpus(config: &VmConfig) -> CpuSet {
+    let mut cpus: Vec<usize> = config
+        .cpus
+        .affinity
+        .values()
+        .flat_map(|set| set.cpus().iter().copied())
+        .collect();
+    cpus.sort_unstable();
+    cpus.dedup();
+    CpuSet::from(cpus)
 }
 
 impl PassthroughPlan {
@@ -70,25 +95,26 @@ impl PassthroughPlan {
     /// asks for nothing a passthrough device rules out, and the memlock
     /// limit lets VFIO pin all of RAM.
     pub fn check(config: &VmConfig) -> Result<PassthroughPlan, Error> {
-        let mut devices = Vec::new();
+        let mut devices: Vec<Planned> = Vec::new();
         for (index, text) in config.passthrough.iter().enumerate() {
             let options: PassthroughConfig = text.parse().map_err(|e| fail(format!("{e}")))?;
             let host =
                 host::check(&options.path, Path::new(DEV_VFIO)).map_err(|e| fail(e.to_string()))?;
             let id = options.id.clone().unwrap_or_else(|| format!("pt{index}"));
-            if let Some((other, _, _)) =
-                devices
-                    .iter()
-                    .find(|(_, _, h): &&(String, PassthroughConfig, HostDevice)| {
-                        h.address == host.address
-                    })
-            {
+            if let Some(other) = devices.iter().find(|p| p.host.address == host.address) {
                 return Err(fail(format!(
-                    "{} is given twice (also as {other})",
-                    host.address
+                    "{} is given twice (also as {})",
+                    host.address, other.id
                 )));
             }
-            devices.push((id, options, host));
+            let steering = match options.irq_affinity {
+                true => Some(
+                    IrqSteering::new(Path::new("/proc"), &host.address, vcpu_cpus(config))
+                        .map_err(fail)?,
+                ),
+                false => None,
+            };
+            devices.push(Planned { id, host, steering });
         }
         if devices.is_empty() {
             return Ok(PassthroughPlan { devices });
@@ -146,19 +172,31 @@ impl PassthroughPlan {
         let mut opened = Vec::new();
         // The container gets its IOMMU when the first group joins, so the
         // devices are opened before RAM is mapped.
-        for (id, options, host) in self.devices {
+        for planned in self.devices {
+            let host = &planned.host;
             let device = VfioDevice::new(&host.sysfs, container.clone(), false)
-                .map_err(|e| fail(format!("{}: {}", host.address, open_error(&e, &host))))?;
-            opened.push((id, options, host, device));
+                .map_err(|e| fail(format!("{}: {}", host.address, open_error(&e, host))))?;
+            opened.push((planned, device));
         }
         map_ram(&container, memory)?;
-        for (id, options, host, device) in opened {
+        for (planned, device) in opened {
+            let Planned { id, host, steering } = planned;
             attached.push(PassthroughDevice {
                 id: id.clone(),
                 host_address: host.address.clone(),
-                irq_affinity: options.irq_affinity,
+                irq_affinity: steering.is_some(),
+                steering: steering.clone(),
             });
-            platform.attach_passthrough(id, host, device, mapper.clone())?;
+            let function = platform.attach_passthrough(id, host, device, mapper.clone())?;
+            if let Some(steering) = steering {
+                // The host IRQs exist once the guest enables MSI/MSI-X.
+                function
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .on_interrupts_changed(Box::new(move || {
+                        steering.steer();
+                    }));
+            }
         }
         Ok(PassthroughDevices(attached))
     }
@@ -293,6 +331,7 @@ mod tests {
             id: "nvme0".into(),
             host_address: "0000:00:03.0".into(),
             irq_affinity: false,
+            steering: None,
         }]);
         let e = vm.refuse("a migration").unwrap_err();
         assert!(
