@@ -598,3 +598,22 @@ fn terminal_is_raw_while_running_and_ctrl_a_x_quits() {
         "terminal mode must be restored"
     );
 }
+
+#[test]
+#[ignore = "needs the rig's L1 (no IOMMU there): run through the rig (scripts/test)"]
+fn passthrough_without_an_iommu_is_refused_in_one_line() {
+    require_hardware_kvm();
+    // The rig's default L1 (machine "pc") has no IOMMU: its virtio disk has
+    // no IOMMU group, which is said before anything else about it.
+    let disk = common::pci_device_bound_to("virtio-pci");
+    let address = disk.file_name().unwrap().to_string_lossy().into_owned();
+    let device = format!("path={}", disk.display());
+    let (code, stdout, stderr) = run_to_end(&["run", "--device", &device], Duration::from_secs(30));
+    assert_eq!(code, 125, "{stdout}{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("{address} has no IOMMU group"))
+            && stderr.contains("intel_iommu=on"),
+        "{stderr}"
+    );
+}

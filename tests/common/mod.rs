@@ -282,6 +282,17 @@ pub fn run_to_end(args: &[&str], timeout: Duration) -> (i32, String, String) {
     (status.code().unwrap_or(-1), vmm.stdout(), vmm.stderr())
 }
 
+/// The sysfs directory of the first PCI function of this host bound to
+/// `driver` (e.g. the rig's virtio disk, bound to virtio-pci).
+pub fn pci_device_bound_to(driver: &str) -> PathBuf {
+    std::fs::read_dir("/sys/bus/pci/devices")
+        .unwrap()
+        .flatten()
+        .find(|e| std::fs::read_link(e.path().join("driver")).is_ok_and(|d| d.ends_with(driver)))
+        .unwrap_or_else(|| panic!("no PCI device bound to {driver} here"))
+        .path()
+}
+
 /// The metadata section of a snapshot file, as JSON (docs/snapshot.md).
 pub fn snapshot_metadata(path: &str) -> serde_json::Value {
     let bytes = std::fs::read(path).unwrap();
