@@ -208,9 +208,7 @@ mod tests {
             e.contains("no IOMMU group") && e.contains("intel_iommu=on"),
             "{e}"
         );
-        for e in [e] {
-            assert_eq!(e.lines().count(), 1);
-        }
+        assert_eq!(e.lines().count(), 1, "{e}");
     }
 
     #[test]
