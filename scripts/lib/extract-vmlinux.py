@@ -4,8 +4,9 @@
 Like the kernel's scripts/extract-vmlinux, but it finds the compressed payload
 through the boot protocol header (payload_offset/payload_length, protocol
 2.08+) instead of scanning for magic numbers, then picks the decompressor
-from the payload's magic. Debian's kernels use xz. Python's standard library
-covers gzip, xz, lzma and bzip2; zstd goes through the `zstd` command.
+from the payload's magic. Debian's kernels use xz, its cloud kernels
+(linux-image-*-cloud-amd64) LZ4. Python's standard library covers gzip, xz,
+lzma and bzip2; zstd and LZ4 go through the `zstd` and `lz4` commands.
 """
 import bz2
 import lzma
@@ -32,6 +33,12 @@ def main():
     elif payload.startswith(b"\x28\xb5\x2f\xfd"):
         vmlinux = subprocess.run(["zstd", "-qdc"], input=payload,
                                  stdout=subprocess.PIPE, check=True).stdout
+    elif payload.startswith(b"\x02\x21\x4c\x18"):
+        # LZ4's legacy frame (`lz4 -l`), which has no end mark: lz4 would
+        # take the trailing size for one more block's header and fail after
+        # writing everything, so it gets the stream without those 4 bytes.
+        vmlinux = subprocess.run(["lz4", "-qdc"], input=payload[:-4],
+                                 stdout=subprocess.PIPE, check=True).stdout
     elif payload.startswith(b"\x1f\x8b"):
         vmlinux = zlib.decompressobj(wbits=31).decompress(payload)  # 31: gzip
     elif payload.startswith(b"\x5d\x00\x00"):
@@ -41,6 +48,9 @@ def main():
     else:
         sys.exit(f"{src}: unsupported payload compression (magic {payload[:6].hex()})")
 
+    if len(vmlinux) != int.from_bytes(payload[-4:], "little"):
+        sys.exit(f"{src}: decompressed {len(vmlinux)} bytes, the payload says "
+                 f"{int.from_bytes(payload[-4:], 'little')}")
     if not vmlinux.startswith(b"\x7fELF"):
         sys.exit(f"{src}: decompressed payload is not an ELF file")
     with open(out, "wb") as f:

@@ -69,11 +69,15 @@ _hk_kernel_pkg() {
 # ELF kernel inside it to build/guest/vmlinux (HK_VMLINUX), unless they are
 # current. The ELF boots through its PVH entry (Xen ELF note
 # XEN_ELFNOTE_PHYS32_ENTRY): no decompression in the guest, which saves ~3 s
-# under QEMU TCG. Extraction takes ~1 s, hence the check.
+# under QEMU TCG. Extraction takes ~1 s, hence the check. xz, gzip, bzip2,
+# LZMA, zstd and LZ4 payloads are understood (scripts/lib/extract-vmlinux.py).
 hk_kernel_images() {
 	local out=$HK_BUILD/guest
 	HK_VMLINUX=$out/vmlinux
 	if ! cmp -s "$HK_VMLINUZ" "$out/vmlinuz" || [[ ! -f $HK_VMLINUX ]]; then
+		# The decompressors extract-vmlinux.py runs (Debian's cloud kernels
+		# are LZ4-compressed; the others xz, which Python reads itself).
+		hk_need lz4:lz4 zstd:zstd
 		python3 "$HK_ROOT/scripts/lib/extract-vmlinux.py" "$HK_VMLINUZ" "$HK_VMLINUX.tmp.$$"
 		mv "$HK_VMLINUX.tmp.$$" "$HK_VMLINUX"
 		cp "$HK_VMLINUZ" "$out/vmlinuz.tmp.$$"
