@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::display::{assert_screen_is, display_info, expected_after, settle, tmp, SCENE};
-use common::migration::{destination, free_port, migrate};
+use common::migration::{destination, free_port, migrate, report};
 use common::{require_hardware_kvm, temp_socket, Vmm, GUEST_TIMEOUT, PROMPT};
 
 /// One vCPU, as tests/guest_migration.rs explains.
@@ -142,23 +142,47 @@ fn a_vm_with_a_display_keeps_its_picture_through_snapshots_and_migrations() {
     assert_eq!(status.code(), Some(125), "{}", x.stderr());
 
     // Precopy A -> C (compare) while A draws all the time, and writes
-    // 24 MiB once, a second after the migration starts. At 32 MiB/s the
-    // first round (160 MiB of random data among the rest) takes seconds;
-    // the 24 MiB take 750 ms to send, over the 300 ms downtime target, so
+    // 24 MiB once, as soon as the migration's dirty log is on. At 32 MiB/s
+    // the first round (160 MiB of random data among the rest) takes
+    // seconds, so the 24 MiB land in it and a later round must find them;
+    // they take 750 ms to send, over the 300 ms downtime target, so
     // precopy converges only once a round finds far fewer pages. A log
     // that kept every page written since the start (KVM's manual
     // protection without a clear) finds the 24 MiB again in every round
-    // and runs out of rounds.
+    // and runs out of rounds. (The write used to be timed by a `sleep 1`
+    // in the guest before the migration started: in a rig slowed by other
+    // L1s, starting the destination took longer than that, the 24 MiB
+    // went out with the first round's bulk copy and no round saw them —
+    // CI, 2026-11-26, rounds [4799, 492].)
     a.shell("dd if=/dev/urandom of=/dev/shm/blob bs=1M count=160 2>/dev/null");
     a.shell("dd if=/dev/urandom of=/dev/shm/src bs=1M count=24 2>/dev/null");
     a.shell(
         "(i=0; while :; do i=$((i+1)); hk-fbdraw -p fill -x 0 -y 0 -w 256 -H 256 -c $((i * 40503 % 16777216)) >/dev/null; sleep 0.05; done) & echo $! > /tmp/draw.pid",
     );
-    a.shell("(sleep 1; cp /dev/shm/src /dev/shm/written) >/dev/null 2>&1 & echo $! > /tmp/cp.pid");
     let port = free_port();
     let mut c = display_destination(port, &sockets[2], "compare");
-    let (ok, out) = migrate(&sockets[0], port, "precopy", &["--max-bandwidth", "32"]);
+    let (ok, out) = migrate(
+        &sockets[0],
+        port,
+        "precopy",
+        &["--max-bandwidth", "32", "--no-wait"],
+    );
     assert!(ok, "precopy: {out}\n{}", a.stderr());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let r = report(&sockets[0]);
+        if r["phase"] == "precopy" {
+            break;
+        }
+        // Until it starts, the report may still be the refused migration's.
+        assert!(
+            Instant::now() < deadline
+                && !["stop_and_copy", "completed"].contains(&r["phase"].as_str().unwrap_or("")),
+            "no precopy round to write during: {r}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.send("cp /dev/shm/src /dev/shm/written &\n");
     handed_over(&mut a);
     let last = std::fs::read_to_string(&metrics).unwrap();
     let last: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
