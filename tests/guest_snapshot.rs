@@ -277,10 +277,13 @@ fn a_restored_guest_keeps_its_virtio_devices() {
     wait_balloon(&socket, 32);
     // Keep the disk and the rng busy: direct reads of 1 MiB and 64 random
     // bytes per round, the round count in a file, so requests are in
-    // flight when the snapshot is taken.
+    // flight when the snapshot is taken. The count is renamed into place:
+    // `echo > file` truncates first, and a read in between saw an empty
+    // file (CI, 2026-11-26: "no round count").
     vmm.send(
         "(i=0; while :; do dd if=/dev/vda of=/dev/null bs=65536 count=16 iflag=direct 2>/dev/null; \
-         dd if=/dev/hwrng of=/dev/null bs=64 count=1 2>/dev/null; i=$((i+1)); echo $i > /tmp/io-rounds; done) &\n",
+         dd if=/dev/hwrng of=/dev/null bs=64 count=1 2>/dev/null; i=$((i+1)); \
+         echo $i > /tmp/io-rounds.new; mv /tmp/io-rounds.new /tmp/io-rounds; done) &\n",
     );
     let before_rounds = wait_io_past(&mut vmm, 3);
 
