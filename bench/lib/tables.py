@@ -1,6 +1,7 @@
 """Tables of rows (lists of cells, the first row the header) as plain text
 for the terminal and as Markdown for bench/results/, and the cells of
-summaries: median (min-max) and ratios."""
+summaries: median (min-max), ratios, and a sample's spread (mean,
+variance, percentiles)."""
 
 import statistics
 
@@ -43,6 +44,34 @@ def stats(vals):
         return None
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
             "n": len(vals)}
+
+
+def percentile(vals, p):
+    """The P-th percentile (0-100) of the numbers VALS, interpolated
+    linearly between the closest ranks (numpy's default, "inclusive"
+    quantiles): p50 is the median, p100 the maximum; None for none."""
+    if not vals:
+        return None
+    s = sorted(vals)
+    pos = (len(s) - 1) * p / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def spread(vals):
+    """`stats` of the numbers VALS and how they spread: "mean", "variance"
+    (the sample variance, n - 1; 0 for one value), "stdev", "range" (max -
+    min), "p50" and "p99" (`percentile`); None for none. For run-to-run
+    jitter: a table of min, max, max - min, p50 and p99 per cell."""
+    if not vals:
+        return None
+    d = stats(vals)
+    var = statistics.variance(vals) if len(vals) > 1 else 0.0
+    d.update({"mean": statistics.fmean(vals), "variance": var, "stdev": var ** 0.5,
+              "range": d["max"] - d["min"], "p50": percentile(vals, 50),
+              "p99": percentile(vals, 99)})
+    return d
 
 
 def fmt_range(d, fmt, div=1):

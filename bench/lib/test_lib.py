@@ -20,8 +20,8 @@ from lib.environment import vmm_environment  # noqa: E402
 from lib.memtouch import (DIRTY_DONE, DIRTY_READY, TOUCH_DONE, TOUCH_GUEST,  # noqa: E402
                           TOUCH_READY, TOUCH_THREAD)
 from lib.options import PATHS, add_path_options, exit_status  # noqa: E402
-from lib.tables import (cell, fmt_range, fmt_ratio, md_context, md_table, stats,  # noqa: E402
-                        text_table)
+from lib.tables import (cell, fmt_range, fmt_ratio, md_context, md_table,  # noqa: E402
+                        percentile, spread, stats, text_table)
 from lib.vmm import Proc, run_to_end  # noqa: E402
 
 PY = sys.executable
@@ -40,6 +40,16 @@ def test_tables():
     assert md_table(rows) == "| name | value |\n|---|---|\n| a | 1 |\n| bb | 22 |"
     assert text_table(rows).splitlines() == ["name  value", "----  -----", "a     1",
                                              "bb    22"]
+    assert percentile([], 50) is None and spread([]) is None
+    assert percentile([4, 1, 3, 2], 50) == 2.5 and percentile([5], 99) == 5
+    assert percentile(list(range(1, 11)), 99) == 9.91
+    assert percentile([1, 2], 0) == 1 and percentile([1, 2], 100) == 2
+    d = spread([2, 4, 4, 4, 5, 5, 7, 9])
+    assert (d["mean"], d["median"], d["min"], d["max"], d["range"], d["n"]) == (5, 4.5, 2,
+                                                                               9, 7, 8)
+    assert abs(d["variance"] - 32 / 7) < 1e-12 and abs(d["stdev"] ** 2 - 32 / 7) < 1e-12
+    assert d["p50"] == 4.5 and abs(d["p99"] - 8.86) < 1e-12
+    assert spread([3.0])["variance"] == 0 and spread([3.0])["range"] == 0
     host = {"note": "on the host", "where": "host"}
     assert md_context(host, "rig text") == ["**Context: on the host.**", ""]
     assert md_context(dict(host, where="rig"), "rig text")[2:] == ["rig text", ""]
