@@ -19,6 +19,15 @@ impl From<Vec<usize>> for CpuSet {
 }
 
 impl CpuSet {
+    /// Every CPU of any of `sets` (e.g. the CPUs of all pinned vCPUs).
+    pub fn union<'a>(sets: impl IntoIterator<Item = &'a CpuSet>) -> CpuSet {
+        CpuSet::from(
+            sets.into_iter()
+                .flat_map(|set| set.0.iter().copied())
+                .collect::<Vec<_>>(),
+        )
+    }
+
     /// `2`, `2,3`, `2-5,8` (the kernel's list format, as in
     /// `Cpus_allowed_list`).
     pub fn parse(text: &str) -> Result<CpuSet, String> {
@@ -142,6 +151,14 @@ mod tests {
         assert_eq!(CpuSet::parse("0").unwrap().to_string(), "0");
         assert!(CpuSet::parse("3-1").is_err());
         assert!(CpuSet::parse("x").is_err());
+    }
+
+    #[test]
+    fn a_union_is_sorted_without_repeats() {
+        let a = CpuSet::parse("4,2").unwrap();
+        let b = CpuSet::parse("2-3").unwrap();
+        assert_eq!(CpuSet::union([&a, &b]).to_string(), "2-4");
+        assert!(CpuSet::union([]).cpus().is_empty());
     }
 
     #[test]

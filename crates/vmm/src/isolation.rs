@@ -436,11 +436,7 @@ pub fn assess(vm: &ThisVm, seen: &Observed) -> IsolationReport {
     };
 
     // The VM's CPUs: every pinned vCPU's.
-    let mut all = Vec::new();
-    for v in &vm.vcpus {
-        all.extend(v.pinned.iter().flat_map(|s| s.cpus().iter().copied()));
-    }
-    let vm_cpus = CpuSet::from(all);
+    let vm_cpus = CpuSet::union(vm.vcpus.iter().filter_map(|v| v.pinned.as_ref()));
     let vcpus: Vec<VcpuReport> = vm
         .vcpus
         .iter()

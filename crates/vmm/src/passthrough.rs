@@ -76,19 +76,6 @@ pub struct PassthroughPlan {
     devices: Vec<Planned>,
 }
 
-/// Every host CPU a vCPU is pinned to (empty if none is).
-fn vcpu_cpus(config: &VmConfig) -> CpuSet {
-    let mut cpus: Vec<usize> = config
-        .cpus
-        .affinity
-        .values()
-        .flat_map(|set| set.cpus().iter().copied())
-        .collect();
-    cpus.sort_unstable();
-    cpus.dedup();
-    CpuSet::from(cpus)
-}
-
 impl PassthroughPlan {
     /// Parses and checks every `--device`, before any KVM work: the
     /// function is bound to vfio-pci with a usable IOMMU group, the VM
@@ -109,8 +96,12 @@ impl PassthroughPlan {
             }
             let steering = match options.irq_affinity {
                 true => Some(
-                    IrqSteering::new(Path::new("/proc"), &host.address, vcpu_cpus(config))
-                        .map_err(fail)?,
+                    IrqSteering::new(
+                        Path::new("/proc"),
+                        &host.address,
+                        CpuSet::union(config.cpus.affinity.values()),
+                    )
+                    .map_err(fail)?,
                 ),
                 false => None,
             };
