@@ -376,7 +376,7 @@ impl VmControl {
                 .map(|p| crate::isolation::CheckedDevice {
                     id: p.id.clone(),
                     host_address: p.host_address.clone(),
-                    irq_affinity: p.irq_affinity,
+                    irq_affinity: p.steering.is_some(),
                     irq_changes: p.steering.as_ref().map(|s| s.changes()).unwrap_or_default(),
                 })
                 .collect(),

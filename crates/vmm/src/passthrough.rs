@@ -39,8 +39,6 @@ pub struct PassthroughDevice {
     pub id: String,
     /// The host function (`0000:00:03.0`).
     pub host_address: String,
-    /// `irq_affinity=on`: its host interrupts follow the vCPUs' CPUs.
-    pub irq_affinity: bool,
     /// With `irq_affinity=on`: the steering, run each time the guest
     /// enables or changes the device's MSI/MSI-X, and what it changed.
     pub steering: Option<IrqSteering>,
@@ -175,7 +173,6 @@ impl PassthroughPlan {
             attached.push(PassthroughDevice {
                 id: id.clone(),
                 host_address: host.address.clone(),
-                irq_affinity: steering.is_some(),
                 steering: steering.clone(),
             });
             let function = platform.attach_passthrough(id, host, device, mapper.clone())?;
@@ -321,7 +318,6 @@ mod tests {
         let vm = PassthroughDevices(vec![PassthroughDevice {
             id: "nvme0".into(),
             host_address: "0000:00:03.0".into(),
-            irq_affinity: false,
             steering: None,
         }]);
         let e = vm.refuse("a migration").unwrap_err();
