@@ -113,6 +113,8 @@ pub type InterruptsChanged = Box<dyn Fn() + Send>;
 pub struct VfioPciDevice {
     id: String,
     host: HostDevice,
+    /// "vendor:device", from the configuration space read at start.
+    identity: String,
     device: Arc<VfioDevice>,
     config: GuestConfig,
     bars: Vec<PlacedBar>,
@@ -142,6 +144,11 @@ impl VfioPciDevice {
         let mut config = [0xffu8; CONFIG_SIZE];
         device.region_read(VFIO_PCI_CONFIG_REGION_INDEX, &mut config, 0);
         let layout = HostLayout::read(&config, |i| device.get_region_size(i))?;
+        let identity = format!(
+            "{:04x}:{:04x}",
+            u16::from_le_bytes([config[0], config[1]]),
+            u16::from_le_bytes([config[2], config[3]])
+        );
         let mut addresses = Vec::new();
         for bar in &layout.bars {
             let address = bars.allocate(bar.size.max(PAGE_SIZE)).ok_or_else(|| {
@@ -212,6 +219,7 @@ impl VfioPciDevice {
             VfioPciDevice {
                 id,
                 host,
+                identity,
                 device,
                 config,
                 bars: placed,
@@ -241,15 +249,8 @@ impl VfioPciDevice {
     }
 
     /// "vendor:device" of the host function.
-    pub fn identity(&self) -> String {
-        let mut id = [0u8; 4];
-        self.device
-            .region_read(VFIO_PCI_CONFIG_REGION_INDEX, &mut id, 0);
-        format!(
-            "{:04x}:{:04x}",
-            u16::from_le_bytes([id[0], id[1]]),
-            u16::from_le_bytes([id[2], id[3]])
-        )
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
 
     /// One line per resource, for the VM's device list: each BAR with the

@@ -80,10 +80,9 @@ pub fn check(sysfs: &Path, dev_vfio: &Path) -> Result<HostDevice, HostDeviceErro
         }
         Some(_) => {}
     }
-    let members = std::fs::read_dir(trimmed.join("iommu_group").join("devices"))
+    let mut members = std::fs::read_dir(trimmed.join("iommu_group").join("devices"))
         .map(|entries| entries.flatten().map(|e| e.path()).collect::<Vec<_>>())
         .unwrap_or_default();
-    let mut members = members;
     members.sort();
     for member in members {
         let name = member
