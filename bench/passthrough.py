@@ -106,7 +106,8 @@ from lib.hakoniwa import hk_ctl  # noqa: E402
 from lib.options import add_path_options, exit_status  # noqa: E402
 from lib.plots import panels, save_figure  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
-from lib.tables import md_context, md_table, spread, text_table  # noqa: E402
+from lib.tables import (md_command_lines, md_context, md_environment, md_table,  # noqa: E402
+                        spread, text_table)
 from lib.vmm import Proc  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -999,17 +1000,11 @@ def write_markdown(path, result, args, cells, native_none, table3):
     L.append("")
     L.append("## Command lines")
     L.append("")
-    for name, argv in result["argv"].items():
-        L.append("- %s: `%s`" % (name, " ".join(argv)))
+    L += md_command_lines(result["argv"])
     L.append("")
     L.append("## Environment")
     L.append("")
-    for k, val in env.items():
-        if isinstance(val, dict):
-            val = ", ".join("%s: %s" % kv for kv in val.items())
-        elif isinstance(val, list):
-            val = "; ".join(str(v) for v in val) or "-"
-        L.append("- %s: %s" % (k, val))
+    L += md_environment(env)
     L.append("")
     L.append("## All runs")
     L.append("")

@@ -69,8 +69,8 @@ from lib import CMDLINE as GUEST_CMDLINE  # noqa: E402
 from lib.environment import in_rig, vmm_environment  # noqa: E402
 from lib.options import add_path_options, exit_status  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
-from lib.tables import (cell, fmt_range, fmt_ratio, md_context, md_table,  # noqa: E402
-                        stats, text_table)
+from lib.tables import (cell, fmt_range, fmt_ratio, md_command_lines, md_context,  # noqa: E402
+                        md_environment, md_table, stats, text_table)
 from lib.vmm import run_to_end  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -581,8 +581,7 @@ def write_markdown(path, result, block, net, args):
     L.append("")
     L.append("## Command lines")
     L.append("")
-    for name, argv in result["argv"].items():
-        L.append("- %s: `%s`" % (name, " ".join(argv)))
+    L += md_command_lines(result["argv"])
     L.append("")
     L.append("Guest command, block runs (base64 in `hk.cmd=`):")
     L.append("")
@@ -598,10 +597,7 @@ def write_markdown(path, result, block, net, args):
     L.append("")
     L.append("## Environment")
     L.append("")
-    for k, val in env.items():
-        if isinstance(val, dict):
-            val = ", ".join("%s: %s" % kv for kv in val.items())
-        L.append("- %s: %s" % (k, val))
+    L += md_environment(env)
     L.append("")
     L.append("## All runs")
     L.append("")

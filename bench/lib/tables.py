@@ -38,6 +38,24 @@ def md_context(env, in_rig):
     return lines
 
 
+def md_command_lines(argv):
+    """Markdown bullets of each VMM's command line (ARGV: name -> argv)."""
+    return ["- %s: `%s`" % (name, " ".join(a)) for name, a in argv.items()]
+
+
+def md_environment(env):
+    """Markdown bullets of an environment section ENV: a dict value as
+    "key: value, ...", a list as "a; b" ("-" when empty)."""
+    lines = []
+    for k, val in env.items():
+        if isinstance(val, dict):
+            val = ", ".join("%s: %s" % kv for kv in val.items())
+        elif isinstance(val, list):
+            val = "; ".join(str(v) for v in val) or "-"
+        lines.append("- %s: %s" % (k, val))
+    return lines
+
+
 def stats(vals):
     """{"median", "min", "max", "n"} of the numbers VALS; None for none."""
     if not vals:

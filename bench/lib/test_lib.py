@@ -20,8 +20,8 @@ from lib.environment import vmm_environment  # noqa: E402
 from lib.memtouch import (DIRTY_DONE, DIRTY_READY, TOUCH_DONE, TOUCH_GUEST,  # noqa: E402
                           TOUCH_READY, TOUCH_THREAD)
 from lib.options import PATHS, add_path_options, exit_status  # noqa: E402
-from lib.tables import (cell, fmt_range, fmt_ratio, md_context, md_table,  # noqa: E402
-                        percentile, spread, stats, text_table)
+from lib.tables import (cell, fmt_range, fmt_ratio, md_command_lines, md_context,  # noqa: E402
+                        md_environment, md_table, percentile, spread, stats, text_table)
 from lib.vmm import Proc, run_to_end  # noqa: E402
 
 PY = sys.executable
@@ -38,6 +38,9 @@ def test_tables():
     assert cell({"a": 1.25}, "a", "%.1f") == "1.2" and cell({"a": None}, "a", "%d") == "-"
     rows = [["name", "value"], ["a", 1], ["bb", 22]]
     assert md_table(rows) == "| name | value |\n|---|---|\n| a | 1 |\n| bb | 22 |"
+    assert md_command_lines({"qemu": ["qemu", "-m", "1G"]}) == ["- qemu: `qemu -m 1G`"]
+    assert md_environment({"a": 1, "b": {"x": 2, "y": 3}, "c": ["p", "q"], "d": []}) == [
+        "- a: 1", "- b: x: 2, y: 3", "- c: p; q", "- d: -"]
     assert text_table(rows).splitlines() == ["name  value", "----  -----", "a     1",
                                              "bb    22"]
     assert percentile([], 50) is None and spread([]) is None
