@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod log;
 mod progress;
 
 use clap::{Parser, Subcommand};
@@ -276,6 +277,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
+    log::init();
     let result = match cli.command {
         Command::Run(args) => run(*args),
         Command::Ctl(args) => ctl(args),

@@ -429,3 +429,23 @@ fn hugepages_beyond_the_hosts_pool() {
     );
     assert_eq!(code, 125);
 }
+
+/// A malformed HK_LOG (the diagnostics' level setting) is named once and
+/// ignored: the run goes on to its own result (here the missing kernel).
+#[test]
+fn a_malformed_log_level_is_named_and_ignored() {
+    let output = std::process::Command::new(common::hakoniwa())
+        .args(["run", "--kernel", "/nonexistent/vmlinuz"])
+        .env("HK_LOG", "devices=loud")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines[0].starts_with("hakoniwa: warning: HK_LOG=\"devices=loud\" ignored"),
+        "{stderr}"
+    );
+    assert!(lines[1].contains("/nonexistent/vmlinuz"), "{stderr}");
+    assert_eq!(output.status.code(), Some(125), "{stderr}");
+}
