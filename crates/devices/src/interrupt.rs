@@ -5,8 +5,13 @@
 //! `KVM_SET_GSI_ROUTING` replaces the whole routing table, so every commit
 //! re-states the default IOAPIC/PIC routes for GSIs 0–23 along with the MSI
 //! routes; forgetting them would cut off the serial port and the timer.
+//!
+//! A passed-through function's INTx is a level-triggered IOAPIC line
+//! ([`IntxLine`]): one of GSIs 16–23, whose IOAPIC route is among those
+//! defaults, with an irqfd registered with a resample eventfd.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use kvm_bindings::{
@@ -19,6 +24,20 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// GSIs wired to IOAPIC pins; MSI GSIs are allocated above them.
 pub const IOAPIC_PINS: u32 = 24;
+
+/// The IOAPIC pins PCI INTx lines use: those above the 16 ISA IRQs, as on
+/// a PC (q35's PIRQs go there too). Nothing else hakoniwa routes is there:
+/// COM1 is GSI 4, the PIT 0/2, and the i8042 has no interrupt. The guest
+/// finds them through the DSDT's `_PRT` (arch::acpi), which makes them
+/// level-triggered, active-low.
+pub const PCI_INTX_GSIS: Range<u32> = 16..IOAPIC_PINS;
+
+/// The GSI of the `index`th INTx line: the eight pins in turn, shared
+/// beyond the eighth (PCI INTx is level-triggered and shareable, and
+/// KVM's resampler serves every irqfd of a GSI).
+pub fn intx_gsi(index: u32) -> u32 {
+    PCI_INTX_GSIS.start + index % PCI_INTX_GSIS.len() as u32
+}
 
 /// An MSI message as the guest programs it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,6 +55,8 @@ pub struct MsiRouting {
 
 struct RoutingState {
     next_gsi: u32,
+    /// INTx lines handed out so far.
+    intx_lines: u32,
     routes: BTreeMap<u32, MsiMessage>,
 }
 
@@ -58,6 +79,7 @@ impl MsiRouting {
             vm,
             state: Mutex::new(RoutingState {
                 next_gsi: IOAPIC_PINS,
+                intx_lines: 0,
                 routes: BTreeMap::new(),
             }),
         })
@@ -84,6 +106,25 @@ impl MsiRouting {
             gsi,
             irqfd,
             routing: self.clone(),
+        })
+    }
+
+    /// A new INTx line on one of [`PCI_INTX_GSIS`], not yet connected.
+    /// Its IOAPIC route is one of the defaults every commit re-states, so
+    /// nothing in the routing table changes.
+    pub fn new_intx_line(&self) -> Result<IntxLine, InterruptError> {
+        let gsi = {
+            let mut state = self.lock();
+            let gsi = intx_gsi(state.intx_lines);
+            state.intx_lines += 1;
+            gsi
+        };
+        Ok(IntxLine {
+            gsi,
+            trigger: EventFd::new(EFD_NONBLOCK).map_err(InterruptError::EventFd)?,
+            resample: EventFd::new(EFD_NONBLOCK).map_err(InterruptError::EventFd)?,
+            vm: self.vm.clone(),
+            connected: false,
         })
     }
 
@@ -166,6 +207,74 @@ impl MsiVector {
     }
 }
 
+/// A level-triggered IOAPIC line for a passed-through function's INTx.
+/// While connected, a write to `trigger` asserts the line (KVM's irqfd);
+/// when the guest EOIs it, KVM deasserts it and signals `resample`, which
+/// VFIO takes as its unmask eventfd: the host unmasks the device's INTx,
+/// which fires again if the device still asserts it. No VMM thread is in
+/// the path (QEMU's KVM bypass for vfio-pci INTx).
+pub struct IntxLine {
+    pub gsi: u32,
+    trigger: EventFd,
+    resample: EventFd,
+    vm: Arc<VmFd>,
+    connected: bool,
+}
+
+impl IntxLine {
+    /// What VFIO signals when the device asserts INTx.
+    pub fn trigger(&self) -> &EventFd {
+        &self.trigger
+    }
+
+    /// What KVM signals when the guest EOIs the line.
+    pub fn resample(&self) -> &EventFd {
+        &self.resample
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.connected
+    }
+
+    /// Registers the trigger as an irqfd with resample on the line. A
+    /// trigger already pending is delivered at once (KVM polls it).
+    pub fn connect(&mut self) -> Result<(), InterruptError> {
+        if !self.connected {
+            self.vm
+                .register_irqfd_with_resample(&self.trigger, &self.resample, self.gsi)
+                .map_err(InterruptError::Irqfd)?;
+            self.connected = true;
+        }
+        Ok(())
+    }
+
+    /// Unregisters the irqfd, which deasserts the line if it was asserted
+    /// (KVM's resampler lets its source go).
+    pub fn disconnect(&mut self) -> Result<(), InterruptError> {
+        if self.connected {
+            self.vm
+                .unregister_irqfd(&self.trigger, self.gsi)
+                .map_err(InterruptError::Irqfd)?;
+            self.connected = false;
+        }
+        Ok(())
+    }
+
+    /// Forgets triggers and resamples nobody will act on (after VFIO let
+    /// the eventfds go), so connecting again injects no stale interrupt.
+    pub fn drain(&self) {
+        // Nonblocking: EAGAIN when nothing is pending, which is the goal.
+        let _ = self.trigger.read();
+        let _ = self.resample.read();
+    }
+}
+
+impl Drop for IntxLine {
+    fn drop(&mut self) {
+        let _ = self.disconnect();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,5 +300,22 @@ mod tests {
         // SAFETY: the entry was built with its `msi` variant.
         let m = unsafe { msi.u.msi };
         assert_eq!((m.address_lo, m.data), (0xfee0_0000, 0x41));
+    }
+
+    #[test]
+    fn intx_lines_take_the_pci_pins_in_turn_and_keep_their_ioapic_route() {
+        let gsis: Vec<u32> = (0..10).map(intx_gsi).collect();
+        assert_eq!(gsis, vec![16, 17, 18, 19, 20, 21, 22, 23, 16, 17]);
+        let table = routing_table(&BTreeMap::new());
+        for gsi in PCI_INTX_GSIS {
+            // Not an ISA IRQ (COM1's 4, the timer's 0 and 2 stay alone).
+            assert!((16..IOAPIC_PINS).contains(&gsi));
+            let routes: Vec<_> = table.iter().filter(|e| e.gsi == gsi).collect();
+            assert_eq!(routes.len(), 1, "GSI {gsi}: IOAPIC only, no PIC");
+            assert_eq!(routes[0].type_, KVM_IRQ_ROUTING_IRQCHIP);
+            // SAFETY: the entry was built with its `irqchip` variant.
+            let chip = unsafe { routes[0].u.irqchip };
+            assert_eq!((chip.irqchip, chip.pin), (KVM_IRQCHIP_IOAPIC, gsi));
+        }
     }
 }
