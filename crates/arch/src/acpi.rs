@@ -1,7 +1,7 @@
 //! ACPI tables describing the machine to the guest: CPUs and the IOAPIC
 //! (MADT), the hardware-reduced power-management registers that let the
-//! guest power off and reboot (FADT + `\_S5_`), and the legacy devices
-//! (DSDT). The tables are built with the rust-vmm `acpi_tables` crate and
+//! guest power off and reboot (FADT + `\_S5_`), the legacy devices and
+//! the PCI root bridge with its interrupt routing (DSDT). The tables are built with the rust-vmm `acpi_tables` crate and
 //! written into the BIOS area, where Linux finds the RSDP.
 
 use acpi_tables::aml;
@@ -44,6 +44,17 @@ pub struct LegacyDevice {
     pub irq: Option<u32>,
 }
 
+/// A PCI function's INTx line, for the root bridge's `_PRT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PciInterrupt {
+    /// Device number on bus 0.
+    pub slot: u8,
+    /// The function's interrupt pin register: 1 = INTA .. 4 = INTD.
+    pub pin: u8,
+    /// The IOAPIC input (GSI) the line is wired to.
+    pub gsi: u32,
+}
+
 /// What the ACPI tables describe.
 #[derive(Clone, Debug)]
 pub struct AcpiPlatform {
@@ -65,6 +76,8 @@ pub struct AcpiPlatform {
     /// The PCI root bridge's 32-bit memory window (first, last byte). With
     /// ACPI, Linux finds PCI only through a root bridge in the DSDT.
     pub pci_mmio_window: (u32, u32),
+    /// The INTx lines of PCI functions (only passed-through ones have any).
+    pub pci_interrupts: Vec<PciInterrupt>,
 }
 
 /// Builds every table and writes them into guest memory; returns the RSDP's
@@ -187,14 +200,21 @@ fn build_dsdt(platform: &AcpiPlatform) -> Sdt {
     if !platform.reserved_io.is_empty() {
         dsdt.append_slice(&motherboard_resources_aml(&platform.reserved_io));
     }
-    dsdt.append_slice(&pci_root_bridge_aml(platform.pci_mmio_window));
+    dsdt.append_slice(&pci_root_bridge_aml(
+        platform.pci_mmio_window,
+        &platform.pci_interrupts,
+    ));
     dsdt
 }
 
 /// PCI0: a conventional PCI root bridge (bus 0, configuration through
 /// ports 0xcf8..0xcff) whose windows are every I/O port but the config
-/// ports, and the 32-bit memory window where the VMM places BARs.
-fn pci_root_bridge_aml((mmio_first, mmio_last): (u32, u32)) -> Vec<u8> {
+/// ports, and the 32-bit memory window where the VMM places BARs; with a
+/// `_PRT` when a function has an INTx line.
+fn pci_root_bridge_aml(
+    (mmio_first, mmio_last): (u32, u32),
+    interrupts: &[PciInterrupt],
+) -> Vec<u8> {
     let bus = aml::AddressSpace::<u16>::new_bus_number(0, 0);
     let config_ports = aml::IO::new(0xcf8, 0xcf8, 1, 8);
     let io_low = aml::AddressSpace::<u16>::new_io(0x0000, 0x0cf7, None);
@@ -214,12 +234,38 @@ fn pci_root_bridge_aml((mmio_first, mmio_last): (u32, u32)) -> Vec<u8> {
     let name_bbn = aml::Name::new("_BBN".into(), &aml::ZERO);
     let name_adr = aml::Name::new("_ADR".into(), &aml::ZERO);
     let name_crs = aml::Name::new("_CRS".into(), &crs);
-    let dev = aml::Device::new(
-        "PCI0".into(),
-        vec![
-            &name_hid, &name_uid, &name_seg, &name_bbn, &name_adr, &name_crs,
-        ],
-    );
+    // The _PRT, in its GSI form (no link devices): each entry says slot
+    // (address 0xSSSS_FFFF: any function), pin (0 = INTA), source 0, GSI.
+    // Linux then registers the GSI level-triggered and active-low, the
+    // PCI way, with the IOAPIC (KVM's IOAPIC ignores polarity; the
+    // resample irqfd asserts the line as a level). Without a _PRT, Linux
+    // would fall back to the interrupt line register only for ISA IRQs
+    // below 16 (acpi_isa_register_gsi), edge-triggered defaults that
+    // COM1 and the timer live among; GSIs 16-23 collide with nothing.
+    let entries: Vec<(u32, u8, u32)> = interrupts
+        .iter()
+        .map(|i| {
+            (
+                (u32::from(i.slot) << 16) | 0xffff,
+                i.pin.saturating_sub(1),
+                i.gsi,
+            )
+        })
+        .collect();
+    let packages: Vec<aml::Package> = entries
+        .iter()
+        .map(|(address, pin, gsi)| aml::Package::new(vec![address, pin, &aml::ZERO, gsi]))
+        .collect();
+    let prt_entries: Vec<&dyn Aml> = packages.iter().map(|p| p as &dyn Aml).collect();
+    let prt_package = aml::Package::new(prt_entries);
+    let name_prt = aml::Name::new("_PRT".into(), &prt_package);
+    let mut children: Vec<&dyn Aml> = vec![
+        &name_hid, &name_uid, &name_seg, &name_bbn, &name_adr, &name_crs,
+    ];
+    if !interrupts.is_empty() {
+        children.push(&name_prt);
+    }
+    let dev = aml::Device::new("PCI0".into(), children);
     let mut bytes = Vec::new();
     aml::Scope::new("\\_SB_".into(), vec![&dev]).to_aml_bytes(&mut bytes);
     bytes
@@ -285,6 +331,7 @@ mod tests {
             }],
             reserved_io: vec![(0x501, 1), (0x600, 3)],
             pci_mmio_window: (0xc000_0000, 0xfebf_ffff),
+            pci_interrupts: Vec::new(),
         }
     }
 
@@ -380,5 +427,39 @@ mod tests {
         }
         assert_eq!(cpus, vec![0, 1, 2, 3]);
         assert_eq!(ioapics, 1);
+    }
+
+    #[test]
+    fn the_prt_wires_each_intx_line_to_its_gsi_only_when_there_is_one() {
+        let dsdt = build_dsdt(&platform());
+        assert!(!contains(dsdt.as_slice(), b"_PRT"), "no INTx, no _PRT");
+        let mut with_intx = platform();
+        with_intx.pci_interrupts = vec![
+            PciInterrupt {
+                slot: 3,
+                pin: 1,
+                gsi: 16,
+            },
+            PciInterrupt {
+                slot: 4,
+                pin: 2,
+                gsi: 17,
+            },
+        ];
+        let dsdt = build_dsdt(&with_intx);
+        let bytes = dsdt.as_slice();
+        assert!(checksum_ok(bytes));
+        assert!(contains(bytes, b"_PRT"));
+        // Package { 0x0003FFFF, 0 (INTA), 0 (no link: GSI form), 16 }:
+        // DWordPrefix, ZeroOp, ZeroOp, BytePrefix 0x10.
+        let slot3 = [
+            0x12, 0x0b, 0x04, 0x0c, 0xff, 0xff, 0x03, 0x00, 0x00, 0x00, 0x0a, 0x10,
+        ];
+        // Slot 4's INTB (pin 1: OneOp) on GSI 17.
+        let slot4 = [
+            0x12, 0x0b, 0x04, 0x0c, 0xff, 0xff, 0x04, 0x00, 0x01, 0x00, 0x0a, 0x11,
+        ];
+        assert!(contains(bytes, &slot3), "{bytes:02x?}");
+        assert!(contains(bytes, &slot4), "{bytes:02x?}");
     }
 }

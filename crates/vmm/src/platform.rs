@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use arch::acpi::{AcpiPlatform, LegacyDevice, S5_SLEEP_TYPE};
+use arch::acpi::{AcpiPlatform, LegacyDevice, PciInterrupt, S5_SLEEP_TYPE};
 use devices::interrupt::MsiRouting;
 use devices::legacy::acpi_pm::{
     ACPI_PM_PORT, ACPI_PM_PORT_COUNT, RESET_OFFSET, RESET_VALUE, SLEEP_CONTROL_OFFSET,
@@ -55,6 +55,8 @@ pub struct Platform {
     pci: Arc<Mutex<PciConfigIo>>,
     routing: Arc<MsiRouting>,
     bars: BarAllocator,
+    /// The INTx lines of the functions on the bus, for the DSDT's `_PRT`.
+    pci_interrupts: Vec<PciInterrupt>,
 }
 
 impl Platform {
@@ -98,6 +100,7 @@ impl Platform {
             pci: pci.clone(),
             routing: MsiRouting::new(vm.clone()),
             bars: BarAllocator::default(),
+            pci_interrupts: Vec::new(),
         };
         platform.add_legacy(
             serial,
@@ -203,7 +206,8 @@ impl Platform {
     /// Puts a host PCI function opened with VFIO on the PCI bus: a free
     /// slot, its BARs in the PCI memory window (mapped into the guest
     /// through `mapper` where VFIO allows), its MSI/MSI-X vectors in the
-    /// VM's routing table (crate::passthrough).
+    /// VM's routing table, its INTx line (if it has one) in the `_PRT`
+    /// (crate::passthrough).
     pub fn attach_passthrough(
         &mut self,
         id: String,
@@ -227,6 +231,9 @@ impl Platform {
             self.mmio
                 .insert(bar.access.clone(), bar.address, bar.size)
                 .map_err(|e| fail(e.to_string()))?;
+        }
+        if let Some((pin, gsi)) = function.intx_route() {
+            self.pci_interrupts.push(PciInterrupt { slot, pin, gsi });
         }
         let kind = format!("vfio-pci ({})", function.identity());
         let mut resources = vec![format!("pci 00:{slot:02x}.0")];
@@ -272,6 +279,7 @@ impl Platform {
                 (ACPI_PM_PORT, ACPI_PM_PORT_COUNT as u8),
             ],
             pci_mmio_window: (PCI_MMIO_START as u32, (PCI_MMIO_END - 1) as u32),
+            pci_interrupts: self.pci_interrupts.clone(),
         }
     }
 

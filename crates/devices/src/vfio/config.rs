@@ -5,19 +5,25 @@
 //!
 //! Emulated: the BARs (the guest sees our addresses, sizes itself the usual
 //! way and may move them), the expansion ROM and I/O BARs (hidden: not
-//! offered), the interrupt pin and line (INTx is not offered; see
-//! docs/passthrough.md), the MSI capability (its message becomes a KVM
+//! offered), the interrupt line (set to the INTx line's GSI, as firmware
+//! would; scratch for the guest) and pin (the host's, or none when VFIO
+//! offers no INTx), the MSI capability (its message becomes a KVM
 //! route, so the device's interrupts go through KVM to the vCPU without a
 //! VMM thread) and the MSI-X capability's enable and function-mask bits
 //! (the table itself is trapped in its BAR). Everything else reads and
 //! writes the host function through VFIO, whose kernel side protects what
-//! the host must keep (bus numbers, power state).
+//! the host must keep (bus numbers, power state). The command register
+//! goes to the function too, but its INTx-disable bit is watched: with the
+//! MSI and MSI-X enables it decides [`IntxState`].
 
 use crate::interrupt::MsiMessage;
 use crate::pci::{BarKind, BarMove, PciConfigSpace, PciIdentity};
 
 /// Bytes of configuration space reachable through mechanism #1.
 pub const CONFIG_SIZE: usize = 256;
+const COMMAND_REG: usize = 1;
+/// Command register: the function must not assert INTx.
+const COMMAND_INTX_DISABLE: u32 = 1 << 10;
 const CAPABILITY_POINTER: usize = 0x34;
 const STATUS_CAPABILITIES: u16 = 1 << 4;
 const CAP_ID_MSI: u8 = 0x05;
@@ -56,6 +62,10 @@ pub struct HostLayout {
     pub hidden_io_bars: Vec<u32>,
     pub msi: Option<MsiCapability>,
     pub msix: Option<MsixCapability>,
+    /// The INTx pin (1 = INTA .. 4 = INTD), 0 for none.
+    pub interrupt_pin: u8,
+    /// The command register's INTx-disable bit as read (clear after reset).
+    pub intx_disabled: bool,
 }
 
 /// Where the MSI capability is and what it can do.
@@ -114,7 +124,14 @@ impl HostLayout {
         config: &[u8; CONFIG_SIZE],
         region_size: impl Fn(u32) -> u64,
     ) -> Result<HostLayout, String> {
-        let mut layout = HostLayout::default();
+        let mut layout = HostLayout {
+            interrupt_pin: match config[INTERRUPT_REG * 4 + 1] {
+                pin @ 1..=4 => pin,
+                _ => 0,
+            },
+            intx_disabled: dword(config, COMMAND_REG * 4) & COMMAND_INTX_DISABLE != 0,
+            ..HostLayout::default()
+        };
         let mut index = 0;
         while index < BAR_COUNT {
             let register = dword(config, (BAR0_REG + index) * 4);
@@ -288,6 +305,21 @@ pub enum ConfigWrite {
     Msi(MsiConfig),
 }
 
+/// What a function's INTx needs from VFIO and KVM, as the guest has
+/// configured it: decided by [`GuestConfig::intx_state`] after every write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntxState {
+    /// No pin, or MSI or MSI-X enabled: INTx off in VFIO (which refuses
+    /// MSI while INTx is on), the line disconnected.
+    Off,
+    /// The guest set the command register's INTx-disable bit: INTx stays
+    /// on in VFIO, which masks it itself as it sees the bit, and the line
+    /// is disconnected, so an interrupt asserted before is withdrawn.
+    Disabled,
+    /// INTx on in VFIO, its eventfd an irqfd with resample on the line.
+    Delivered,
+}
+
 /// The guest's view of a passed-through function's configuration space.
 pub struct GuestConfig {
     layout: HostLayout,
@@ -298,6 +330,8 @@ pub struct GuestConfig {
     msi_data: u16,
     msix_control: u16,
     interrupt_line: u8,
+    /// The command register's INTx-disable bit as the guest last wrote it.
+    intx_disabled: bool,
 }
 
 impl GuestConfig {
@@ -315,6 +349,7 @@ impl GuestConfig {
         for (bar, &address) in layout.bars.iter().zip(addresses) {
             bars.add_memory_bar(bar.index as usize, address, bar.size.max(16), bar.kind);
         }
+        let layout_intx_disabled = layout.intx_disabled;
         let msi_control = layout.msi.map_or(0, |m| {
             (u16::from(m.max_vectors_log2) << MSI_MMC_SHIFT) | if m.wide { MSI_64BIT } else { 0 }
         });
@@ -326,6 +361,28 @@ impl GuestConfig {
             msi_data: 0,
             msix_control: 0,
             interrupt_line: 0,
+            intx_disabled: layout_intx_disabled,
+        }
+    }
+
+    /// Sets the interrupt line register to `line`, the INTx line's GSI,
+    /// as firmware does (Linux reads the `_PRT` instead; others may not).
+    pub fn set_interrupt_line(&mut self, line: u8) {
+        self.interrupt_line = line;
+    }
+
+    /// Where the function's INTx stands now; see [`IntxState`]. MSI-X and
+    /// MSI win over INTx whatever the command register says, as in a
+    /// function (PCI 3.0 6.8.1.3: with MSI enabled, INTx is not used).
+    pub fn intx_state(&self) -> IntxState {
+        let msi = self.msi_control & MSI_ENABLE != 0;
+        let msix = self.msix_control & MSIX_ENABLE != 0;
+        if self.layout.interrupt_pin == 0 || msi || msix {
+            IntxState::Off
+        } else if self.intx_disabled {
+            IntxState::Disabled
+        } else {
+            IntxState::Delivered
         }
     }
 
@@ -372,8 +429,9 @@ impl GuestConfig {
             return 0;
         }
         if reg == INTERRUPT_REG {
-            // No interrupt pin: INTx is not offered.
-            return (host & 0xffff_0000) | u32::from(self.interrupt_line);
+            return (host & 0xffff_0000)
+                | (u32::from(self.layout.interrupt_pin) << 8)
+                | u32::from(self.interrupt_line);
         }
         if let Some(d) = self.msi_dword(reg) {
             let wide = self.layout.msi.is_some_and(|m| m.wide);
@@ -417,6 +475,14 @@ impl GuestConfig {
                 self.interrupt_line = value as u8;
             }
             return ConfigWrite::Absorbed;
+        }
+        if reg == COMMAND_REG {
+            // To the function (VFIO masks INTx itself on the bit); watched
+            // for what it means to the line.
+            if mask & COMMAND_INTX_DISABLE != 0 {
+                self.intx_disabled = value & COMMAND_INTX_DISABLE != 0;
+            }
+            return ConfigWrite::Device;
         }
         let merged = |old: u32| (old & !mask) | (value & mask);
         if let Some(d) = self.msi_dword(reg) {
@@ -639,13 +705,76 @@ mod tests {
     }
 
     #[test]
-    fn no_interrupt_pin_and_the_line_is_scratch() {
+    fn the_host_pin_is_shown_and_the_line_is_scratch() {
         let c = nvme_like();
         let mut g = GuestConfig::new(layout(&c), &[0xc000_4000]);
         let host = host_dword(&c, INTERRUPT_REG);
+        assert_eq!(g.read(INTERRUPT_REG, host), 0x0100, "INTA, no line yet");
+        g.set_interrupt_line(16);
+        assert_eq!(g.read(INTERRUPT_REG, host), 0x0110);
+        assert_eq!(
+            g.write(INTERRUPT_REG, 0xffff_ff0a, 0xffff_ffff, host),
+            ConfigWrite::Absorbed
+        );
+        assert_eq!(g.read(INTERRUPT_REG, host), 0x010a, "the pin is read-only");
+        // A function without INTx (or one VFIO offers none of) has no pin.
+        let mut l = layout(&c);
+        l.interrupt_pin = 0;
+        let g = GuestConfig::new(l, &[0xc000_4000]);
         assert_eq!(g.read(INTERRUPT_REG, host), 0);
-        g.write(INTERRUPT_REG, 0x0a, 0xff, host);
-        assert_eq!(g.read(INTERRUPT_REG, host), 0x0a);
+        assert_eq!(g.intx_state(), IntxState::Off);
+        // A pin number out of range is no pin.
+        let mut c = nvme_like();
+        c[INTERRUPT_REG * 4 + 1] = 7;
+        assert_eq!(layout(&c).interrupt_pin, 0);
+    }
+
+    #[test]
+    fn intx_gives_way_to_msi_and_msix_and_follows_the_command_bit() {
+        let c = nvme_like();
+        let mut g = GuestConfig::new(layout(&c), &[0xc000_4000]);
+        assert_eq!(g.intx_state(), IntxState::Delivered, "after reset");
+        let disable = COMMAND_INTX_DISABLE | 0x6;
+        // The command register still goes to the function.
+        assert_eq!(
+            g.write(COMMAND_REG, disable, 0xffff, 0),
+            ConfigWrite::Device
+        );
+        assert_eq!(g.intx_state(), IntxState::Disabled);
+        // A byte write that leaves the bit's byte alone changes nothing.
+        g.write(COMMAND_REG, 0x6, 0xff, 0);
+        assert_eq!(g.intx_state(), IntxState::Disabled);
+        g.write(COMMAND_REG, 0x6, 0xffff, 0);
+        assert_eq!(g.intx_state(), IntxState::Delivered);
+
+        // MSI-X enabled: INTx off, whatever the command bit (Linux sets it
+        // after enabling MSI-X and clears it after disabling).
+        let msix = 0x60 / 4;
+        let msix_host = host_dword(&c, msix);
+        let on = u32::from(MSIX_ENABLE | MSIX_FUNCTION_MASK) << 16;
+        g.write(msix, on, 0xffff_0000, msix_host);
+        assert_eq!(g.intx_state(), IntxState::Off);
+        g.write(COMMAND_REG, disable, 0xffff, 0);
+        assert_eq!(g.intx_state(), IntxState::Off);
+        g.write(msix, 0, 0xffff_0000, msix_host);
+        assert_eq!(g.intx_state(), IntxState::Disabled);
+        g.write(COMMAND_REG, 0x6, 0xffff, 0);
+        assert_eq!(g.intx_state(), IntxState::Delivered);
+
+        // MSI likewise.
+        let msi = 0x40 / 4;
+        let msi_host = host_dword(&c, msi);
+        g.write(msi + 1, 0xfee0_0000, 0xffff_ffff, 0);
+        g.write(msi, u32::from(MSI_ENABLE) << 16, 0xffff_0000, msi_host);
+        assert_eq!(g.intx_state(), IntxState::Off);
+        g.write(msi, 0, 0xffff_0000, msi_host);
+        assert_eq!(g.intx_state(), IntxState::Delivered);
+
+        // A function left with INTx disabled by its last user starts so.
+        let mut c = nvme_like();
+        c[5] = (COMMAND_INTX_DISABLE >> 8) as u8;
+        let g = GuestConfig::new(layout(&c), &[0xc000_4000]);
+        assert_eq!(g.intx_state(), IntxState::Disabled);
     }
 
     #[test]

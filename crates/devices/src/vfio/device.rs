@@ -10,22 +10,29 @@
 //!   (crate::interrupt); VFIO is handed those irqfds, so the device's
 //!   interrupt goes host IRQ → eventfd → KVM → vCPU with no VMM thread. The
 //!   MSI-X table stays ours (trapped): its messages become KVM routes.
+//!   INTx, while neither is enabled, is a level-triggered IOAPIC line
+//!   (crate::interrupt::IntxLine): VFIO signals its trigger eventfd, an
+//!   irqfd with resample, and takes the resample eventfd as its unmask
+//!   eventfd, so the guest's EOI unmasks the host's INTx with no VMM
+//!   thread either.
 //! - The function is reset when it is opened and when the VM lets it go.
 
 use std::os::unix::io::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use vfio_bindings::bindings::vfio::{
-    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_PCI_MSI_IRQ_INDEX,
-    VFIO_REGION_INFO_FLAG_MMAP,
+    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_INTX_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX,
+    VFIO_PCI_MSI_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
 };
 use vfio_ioctls::{VfioDevice, VfioRegionInfoCap};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::config::{mappable_areas, ConfigWrite, GuestConfig, HostLayout, MsiConfig, CONFIG_SIZE};
+use super::config::{
+    mappable_areas, ConfigWrite, GuestConfig, HostLayout, IntxState, MsiConfig, CONFIG_SIZE,
+};
 use super::host::HostDevice;
 use crate::bus::BusDevice;
-use crate::interrupt::{MsiMessage, MsiRouting, MsiVector};
+use crate::interrupt::{IntxLine, MsiMessage, MsiRouting, MsiVector};
 use crate::pci::msix::Msix;
 use crate::pci::{BarAllocator, BarMove, PciDevice};
 
@@ -105,8 +112,9 @@ fn lock(msix: &Mutex<Msix>) -> MutexGuard<'_, Msix> {
     msix.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Called after the guest enabled (or changed) MSI or MSI-X on the device:
-/// the host IRQs now exist, e.g. to steer them (`irq_affinity=on`).
+/// Called after the guest enabled (or changed) MSI or MSI-X on the device,
+/// or INTx was connected: the host IRQs now exist, e.g. to steer them
+/// (`irq_affinity=on`).
 pub type InterruptsChanged = Box<dyn Fn() + Send>;
 
 /// A passed-through PCI function.
@@ -123,6 +131,10 @@ pub struct VfioPciDevice {
     msi_vectors: Vec<MsiVector>,
     /// Vectors enabled in VFIO (0: MSI off).
     msi_enabled: usize,
+    /// The INTx line, if the function has a pin VFIO offers.
+    intx: Option<IntxLine>,
+    /// INTx is on in VFIO (its trigger and unmask eventfds set).
+    intx_enabled: bool,
     mapper: Arc<dyn GuestMapper>,
     interrupts_changed: Option<InterruptsChanged>,
 }
@@ -143,7 +155,36 @@ impl VfioPciDevice {
         device.reset();
         let mut config = [0xffu8; CONFIG_SIZE];
         device.region_read(VFIO_PCI_CONFIG_REGION_INDEX, &mut config, 0);
-        let layout = HostLayout::read(&config, |i| device.get_region_size(i))?;
+        let mut layout = HostLayout::read(&config, |i| device.get_region_size(i))?;
+        // VFIO offers INTx (one interrupt) only where the kernel can mask
+        // it; without that the guest sees no pin.
+        let intx_offered = device
+            .get_irq_info(VFIO_PCI_INTX_IRQ_INDEX)
+            .is_some_and(|i| i.count == 1);
+        if !intx_offered {
+            layout.interrupt_pin = 0;
+        }
+        // INTx is on from the start, as in a function out of reset. If
+        // VFIO cannot enable it (its host IRQ is shared with a device that
+        // cannot mask INTx, say), the guest sees no pin rather than a dead
+        // one.
+        let intx = match layout.interrupt_pin {
+            0 => None,
+            _ => {
+                let line = routing.new_intx_line().map_err(|e| format!("INTx: {e}"))?;
+                match enable_intx(&device, &line) {
+                    Ok(()) => Some(line),
+                    Err(e) => {
+                        tracing::warn!(
+                            "{}: INTx not offered: VFIO cannot enable it: {e}",
+                            host.address
+                        );
+                        layout.interrupt_pin = 0;
+                        None
+                    }
+                }
+            }
+        };
         let identity = format!(
             "{:04x}:{:04x}",
             u16::from_le_bytes([config[0], config[1]]),
@@ -214,24 +255,36 @@ impl VfioPciDevice {
                 access: Arc::new(Mutex::new(access)),
             });
         }
-        let config = GuestConfig::new(layout, &addresses);
-        Ok((
-            VfioPciDevice {
-                id,
-                host,
-                identity,
-                device,
-                config,
-                bars: placed,
-                msix,
-                msix_enabled: false,
-                msi_vectors,
-                msi_enabled: 0,
-                mapper,
-                interrupts_changed: None,
-            },
-            ranges,
-        ))
+        let mut config = GuestConfig::new(layout, &addresses);
+        if let Some(line) = &intx {
+            config.set_interrupt_line(line.gsi as u8);
+        }
+        let mut function = VfioPciDevice {
+            id,
+            host,
+            identity,
+            device,
+            config,
+            bars: placed,
+            msix,
+            msix_enabled: false,
+            msi_vectors,
+            msi_enabled: 0,
+            intx_enabled: intx.is_some(),
+            intx,
+            mapper,
+            interrupts_changed: None,
+        };
+        // Connects the line (unless the command register disables INTx).
+        function.intx_enter();
+        Ok((function, ranges))
+    }
+
+    /// The INTx pin (1 = INTA) and the GSI of its line, if the guest has
+    /// INTx: what the DSDT's `_PRT` must say for this function's slot.
+    pub fn intx_route(&self) -> Option<(u8, u32)> {
+        let line = self.intx.as_ref()?;
+        Some((self.config.layout().interrupt_pin, line.gsi))
     }
 
     pub fn id(&self) -> &str {
@@ -243,9 +296,13 @@ impl VfioPciDevice {
         &self.host
     }
 
-    /// Runs `hook` each time the guest enables or changes MSI/MSI-X.
+    /// Runs `hook` each time the guest enables or changes MSI/MSI-X, or
+    /// INTx is connected; at once if INTx already is (from the start).
     pub fn on_interrupts_changed(&mut self, hook: InterruptsChanged) {
         self.interrupts_changed = Some(hook);
+        if self.intx.as_ref().is_some_and(IntxLine::is_connected) {
+            self.changed();
+        }
     }
 
     /// "vendor:device" of the host function.
@@ -271,6 +328,12 @@ impl VfioPciDevice {
         }
         if let Some(m) = self.config.layout().msix {
             out.push(format!("msi-x {} vectors", m.vectors));
+        }
+        if let Some((pin, gsi)) = self.intx_route() {
+            out.push(format!(
+                "intx INT{} gsi {gsi} (IOAPIC, level, resample)",
+                char::from(b'A' + pin - 1)
+            ));
         }
         if !self.msi_vectors.is_empty() {
             out.push(format!("msi {} vectors", self.msi_vectors.len()));
@@ -363,6 +426,55 @@ impl VfioPciDevice {
         }
     }
 
+    /// Takes down what [`IntxState`] no longer wants, before the write
+    /// that changed it takes effect: the line is disconnected (deasserted)
+    /// when INTx is disabled or gives way, and INTx is off in VFIO before
+    /// MSI or MSI-X is enabled there.
+    fn intx_leave(&mut self) {
+        let wanted = self.config.intx_state();
+        let Some(line) = &mut self.intx else { return };
+        if wanted != IntxState::Delivered {
+            if let Err(e) = line.disconnect() {
+                tracing::error!("{}: disconnecting INTx from GSI {}: {e}", self.id, line.gsi);
+            }
+        }
+        if wanted == IntxState::Off && self.intx_enabled {
+            if let Err(e) = self.device.disable_irq(VFIO_PCI_INTX_IRQ_INDEX) {
+                tracing::error!("{}: disabling INTx: {e}", self.id);
+            }
+            self.intx_enabled = false;
+            // VFIO holds the eventfds no more: what they still count
+            // would be a stale interrupt when INTx comes back.
+            line.drain();
+        }
+    }
+
+    /// Sets up what [`IntxState`] wants, after the write that changed it
+    /// took effect (MSI and MSI-X are off in VFIO by then).
+    fn intx_enter(&mut self) {
+        let wanted = self.config.intx_state();
+        let Some(line) = &mut self.intx else { return };
+        if wanted != IntxState::Off && !self.intx_enabled {
+            if let Err(e) = enable_intx(&self.device, line) {
+                tracing::error!("{}: enabling INTx: {e}", self.id);
+                return;
+            }
+            self.intx_enabled = true;
+        }
+        if wanted == IntxState::Delivered && !line.is_connected() {
+            if let Err(e) = line.connect() {
+                tracing::error!("{}: connecting INTx to GSI {}: {e}", self.id, line.gsi);
+                return;
+            }
+            // Should the host INTx be masked with nothing pending for the
+            // guest to EOI, this lets it go (QEMU does the same).
+            if let Err(e) = self.device.unmask_irq(VFIO_PCI_INTX_IRQ_INDEX) {
+                tracing::error!("{}: unmasking INTx: {e}", self.id);
+            }
+            self.changed();
+        }
+    }
+
     fn follow_bar(&self, bar: u32, moved: BarMove) {
         let Some(placed) = self.bars.iter().find(|b| b.index == bar) else {
             return;
@@ -377,6 +489,19 @@ impl VfioPciDevice {
             }
         }
     }
+}
+
+/// Turns INTx on in VFIO with `line`'s eventfds: the trigger first (VFIO
+/// takes an unmask eventfd only for an INTx that is on), then the resample
+/// eventfd as the unmask one; VFIO polls it as it takes it, so an EOI in
+/// between is not lost. On failure INTx is left off.
+fn enable_intx(device: &VfioDevice, line: &IntxLine) -> Result<(), vfio_ioctls::VfioError> {
+    device
+        .enable_irq(VFIO_PCI_INTX_IRQ_INDEX, vec![line.trigger()])
+        .and_then(|()| device.set_irq_resample_fd(VFIO_PCI_INTX_IRQ_INDEX, vec![line.resample()]))
+        .inspect_err(|_| {
+            let _ = device.disable_irq(VFIO_PCI_INTX_IRQ_INDEX);
+        })
 }
 
 /// Maps the mappable areas of BAR `index` (placed at `address`) into the
@@ -463,7 +588,9 @@ impl PciDevice for VfioPciDevice {
         } else {
             self.host_dword(reg)
         };
-        match self.config.write(reg, value, mask, host) {
+        let effect = self.config.write(reg, value, mask, host);
+        self.intx_leave();
+        let moved = match effect {
             ConfigWrite::Device => {
                 // The bytes the mask selects: a contiguous run of lanes.
                 let first = (mask.trailing_zeros() / 8) as usize;
@@ -489,7 +616,9 @@ impl PciDevice for VfioPciDevice {
                 self.msi(msi);
                 None
             }
-        }
+        };
+        self.intx_enter();
+        moved
     }
 }
 
@@ -500,6 +629,9 @@ impl Drop for VfioPciDevice {
         }
         if self.msi_enabled > 0 {
             let _ = self.device.disable_msi();
+        }
+        if self.intx_enabled {
+            let _ = self.device.disable_irq(VFIO_PCI_INTX_IRQ_INDEX);
         }
         // Leave the function as we found it for the next user.
         self.device.reset();
