@@ -2,7 +2,8 @@
 //! emulated NVMe disk and e1000e NIC in the rig's IOMMU profile
 //! (HK_RIG_PROFILE=iommu: an L1 with intel-iommu, both devices bound to
 //! vfio-pci), driven in the guest by the stock kernel's nvme and e1000e
-//! drivers. scripts/test runs this binary in that profile.
+//! drivers, over MSI-X and (the NVMe, with `pci=nomsi`) over INTx.
+//! scripts/test runs this binary in that profile.
 
 mod common;
 
@@ -255,6 +256,119 @@ fn nvme_passed_through_is_read_and_written_by_the_guest_driver() {
     assert_eq!(size.trim(), sectors.to_string());
     again.send("poweroff\n");
     assert_eq!(again.wait_exit(Duration::from_secs(60)).code(), Some(0));
+}
+
+/// The guest's /proc/interrupts line of the interrupt named `name` (an
+/// action, e.g. `nvme0q0`), if any.
+fn guest_interrupt_line(vmm: &mut Vmm, name: &str) -> Option<String> {
+    let out = vmm.shell(&format!("grep -w {name} /proc/interrupts"));
+    out.lines()
+        .find(|l| {
+            l.split_whitespace()
+                .any(|w| w.trim_end_matches(',') == name)
+        })
+        .map(str::to_string)
+}
+
+/// The count of a /proc/interrupts line, summed over CPUs.
+fn interrupt_count(line: &str) -> u64 {
+    line.split_whitespace()
+        .skip(1)
+        .map_while(|w| w.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig's IOMMU profile (scripts/test)"]
+fn nvme_passed_through_is_driven_over_intx_when_the_guest_has_no_msi() {
+    require_hardware_kvm();
+    let nvme = rig_env("HK_RIG_NVME_PCI");
+    let image = rig_env("HK_RIG_NVME_IMAGE");
+    let device = format!("path={},id=nvme0", sysfs(&nvme));
+    let socket = temp_socket("passthrough-intx");
+    let host_before = host_vfio_interrupts(&nvme, "vfio-intx");
+    // pci=nomsi: the guest's PCI core offers no MSI or MSI-X, so the nvme
+    // driver falls back to the function's INTx pin.
+    let mut vmm = Vmm::spawn(&[
+        "run",
+        "--memory",
+        "256M",
+        "--cmdline",
+        "console=ttyS0 quiet io_delay=none panic=-1 pci=nomsi",
+        "--device",
+        &device,
+        "--api-socket",
+        &socket,
+    ]);
+    vmm.wait_for(PROMPT);
+
+    // vm.info names the line: the first PCI INTx GSI, above the ISA IRQs.
+    let (ok, info) = ctl(&socket, &["info"]);
+    assert!(ok, "{info}");
+    assert!(
+        info.contains("intx INTA gsi 16 (IOAPIC, level, resample)"),
+        "{info}"
+    );
+
+    let found = vmm.shell(
+        "for i in $(seq 100); do [ -b /dev/nvme0n1 ] && break; sleep 0.1; done; cat /sys/block/nvme0n1/size",
+    );
+    assert!(
+        found.trim().parse::<u64>().is_ok(),
+        "no /dev/nvme0n1 over INTx: {found}"
+    );
+    // The driver's one interrupt is the IOAPIC line the _PRT gave it,
+    // level-triggered (fasteoi), not an MSI.
+    let line = guest_interrupt_line(&mut vmm, "nvme0q0")
+        .unwrap_or_else(|| panic!("no nvme0q0 in /proc/interrupts"));
+    assert!(
+        line.contains("IO-APIC") && line.contains(" 16-fasteoi"),
+        "{line}"
+    );
+    assert_eq!(msix_vectors(&mut vmm), 0, "MSI-X in use despite pci=nomsi");
+    let before = interrupt_count(&line);
+
+    // 1 MiB of random data at 4 MiB (away from the MSI-X test's), read
+    // back past the page cache.
+    let written = vmm.shell(
+        "dd if=/dev/urandom of=/tmp/data bs=64k count=16 2>/dev/null; md5sum < /tmp/data; \
+         dd if=/tmp/data of=/dev/nvme0n1 bs=64k seek=64 conv=fsync 2>/dev/null; \
+         echo 3 > /proc/sys/vm/drop_caches; \
+         dd if=/dev/nvme0n1 bs=64k skip=64 count=16 2>/dev/null | md5sum",
+    );
+    let sums: Vec<&str> = written
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.len() == 32)
+        .collect();
+    assert_eq!(sums.len(), 2, "{written}");
+    assert_eq!(sums[0], sums[1], "read back differs from what was written");
+    let line = guest_interrupt_line(&mut vmm, "nvme0q0").unwrap();
+    let after = interrupt_count(&line);
+    // The write, the flush and the read each complete with an interrupt,
+    // every one resampled at the guest's EOI: a line that never
+    // deasserted, or a host INTx never unmasked, would stop the count (and
+    // the I/O) after one.
+    assert!(
+        after >= before + 3,
+        "INTx count {before} -> {after}: {line}"
+    );
+    // On this host they were VFIO's INTx.
+    let host_after = host_vfio_interrupts(&nvme, "vfio-intx");
+    assert!(
+        host_after >= host_before + 3,
+        "host vfio-intx count {host_before} -> {host_after} for {nvme}"
+    );
+
+    eprintln!("guest: {line}; guest count {before} -> {after}; host vfio-intx {host_before} -> {host_after}");
+
+    vmm.send("poweroff\n");
+    assert_eq!(vmm.wait_exit(Duration::from_secs(60)).code(), Some(0));
+    let mut file = std::fs::File::open(&image).unwrap();
+    file.seek(SeekFrom::Start(4 << 20)).unwrap();
+    let mut data = vec![0u8; 1 << 20];
+    file.read_exact(&mut data).unwrap();
+    assert_eq!(md5_hex(&data), sums[0], "the backing file differs");
 }
 
 /// Brings `iface` up, waits for link, and gets a DHCP lease from QEMU's
