@@ -10,7 +10,9 @@
 //! - [`Layout`]: how the framebuffer's pixels are laid out in memory;
 //! - [`MigrationMode`]: how a VM moves (seed 003);
 //! - [`SptPages`]: the shadow-page budget (seed 001);
-//! - [`OnOff`]: a switch (`--async-pf`, device flags).
+//! - [`OnOff`]: a switch (`--async-pf`, device flags);
+//! - [`LatencyHistogram`] and [`Boundaries`]: a disk's latency histograms
+//!   and their bucket boundaries (`ctl counters`, `vm.latency-histogram`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -106,6 +108,11 @@ macro_rules! choice {
         }
     };
 }
+
+mod latency;
+pub use latency::{
+    format_ns, Boundaries, BoundariesError, LatencyHistogram, DEFAULT_BOUNDARIES_NS, MAX_BOUNDARIES,
+};
 
 choice! {
     /// How the display finds the framebuffer pages the guest changed.

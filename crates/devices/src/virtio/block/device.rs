@@ -8,6 +8,10 @@
 //! alone puts completions in the used ring and decides (EVENT_IDX-aware)
 //! whether to interrupt the guest. A pause waits for the I/O threads'
 //! requests to complete (`QueueLoop::quiesce`).
+//!
+//! Each request carries its [`StageTimes`] (kick, dequeue, submit,
+//! complete, interrupt); the queue thread counts it in the disk's
+//! [`DiskStats`] once the guest has been told.
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,9 +34,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::io::{AlignedBuf, DiskBackend, FileDisk};
 use super::metrics::{add, BlockMetrics, Metrics};
 use super::request::{
-    micros_since, process_chain, RequestContext, DISCARD_SECTOR_ALIGNMENT, MAX_DISCARD_SECTORS,
+    process_chain_counted, RequestContext, DISCARD_SECTOR_ALIGNMENT, MAX_DISCARD_SECTORS,
     MAX_DISCARD_SEG, MAX_WRITE_ZEROES_SECTORS,
 };
+use super::stats::{now_ns, DiskStats, RequestRecord, StageTimes};
 use super::{BlockConfig, BlockError, SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
 use crate::affinity::{pinned, CpuSet};
 use crate::virtio::lifecycle::{
@@ -93,6 +98,8 @@ pub struct Block {
     config_space: [u8; CONFIG_LEN],
     queue_sizes: [u16; 1],
     metrics: Arc<Metrics>,
+    /// The statistics of `vm.counters`.
+    stats: Arc<DiskStats>,
     lifecycle: DeviceLifecycle<EpollLoop<QueueHandler>>,
 }
 
@@ -151,6 +158,7 @@ impl Block {
             features,
             queue_sizes: [QUEUE_SIZE],
             metrics: Arc::new(Metrics::default()),
+            stats: Arc::new(DiskStats::new(1)),
             lifecycle: DeviceLifecycle::default(),
         }
     }
@@ -184,6 +192,12 @@ impl Block {
     /// The request counters so far.
     pub fn metrics(&self) -> BlockMetrics {
         self.metrics.snapshot()
+    }
+
+    /// The statistics (per kind and stage, histograms), live: the VMM
+    /// keeps this to read them and set histogram boundaries.
+    pub fn stats(&self) -> Arc<DiskStats> {
+        self.stats.clone()
     }
 }
 
@@ -325,6 +339,8 @@ impl QueueDevice for Block {
             done_rx,
             jobs: job_tx,
             in_flight: 0,
+            stats: self.stats.clone(),
+            finished: Vec::new(),
             interrupt: queues.interrupt,
             _pool: pool,
         };
@@ -422,7 +438,14 @@ impl Drop for Pool {
 struct Job {
     chain: DescriptorChain<Arc<GuestMemoryMmap>>,
     head: u16,
-    start: Instant,
+    times: StageTimes,
+}
+
+/// A request an I/O thread finished, for the queue thread.
+struct Done {
+    head: u16,
+    used_len: u32,
+    record: RequestRecord,
 }
 
 struct IoThread {
@@ -434,7 +457,7 @@ struct IoThread {
     readonly: bool,
     acked_features: u64,
     jobs: Arc<Mutex<Receiver<Job>>>,
-    done: Sender<(u16, u32)>,
+    done: Sender<Done>,
     done_evt: EventFd,
     abort: Arc<AtomicBool>,
 }
@@ -459,10 +482,23 @@ impl IoThread {
             if self.abort.load(Ordering::SeqCst) {
                 return;
             }
-            let completion = process_chain(job.chain, &self.mem, &ctx, &mut scratch);
-            add(&self.metrics.latency_us_sum, micros_since(job.start));
+            let mut times = job.times;
+            times.submit = now_ns();
+            let processed = process_chain_counted(job.chain, &self.mem, &ctx, &mut scratch);
+            times.complete = now_ns();
+            add(&self.metrics.latency_us_sum, times.service_ns() / 1000);
             add(&self.metrics.completed, 1);
-            if self.done.send((job.head, completion.used_len)).is_err() {
+            let done = Done {
+                head: job.head,
+                used_len: processed.completion.used_len,
+                record: RequestRecord {
+                    kind: processed.kind,
+                    outcome: processed.outcome,
+                    bytes: processed.bytes,
+                    times,
+                },
+            };
+            if self.done.send(done).is_err() {
                 return;
             }
             let _ = self.done_evt.write(1);
@@ -478,10 +514,14 @@ pub(crate) struct QueueHandler {
     queue: Queue,
     kick: EventFd,
     done_evt: EventFd,
-    done_rx: Receiver<(u16, u32)>,
+    done_rx: Receiver<Done>,
     jobs: Sender<Job>,
     /// Requests handed to the I/O threads and not yet in the used ring.
     in_flight: usize,
+    stats: Arc<DiskStats>,
+    /// The requests put in the used ring since the last interrupt
+    /// decision, counted once it is made (reused, not reallocated).
+    finished: Vec<RequestRecord>,
     interrupt: Arc<dyn VirtioInterrupt>,
     /// Dropped after `jobs` (fields drop in order): a reset stops the
     /// queue thread, then the I/O threads see the job channel closed,
@@ -490,8 +530,9 @@ pub(crate) struct QueueHandler {
 }
 
 impl QueueHandler {
-    /// Hands every available chain to the I/O threads.
-    fn take_requests(&mut self) {
+    /// Hands every available chain to the I/O threads; `kick` is when
+    /// the queue thread woke for them.
+    fn take_requests(&mut self, kick: u64) {
         loop {
             if let Err(e) = self.queue.disable_notification(&*self.mem) {
                 tracing::warn!("{}: cannot disable notifications: {e}", self.name);
@@ -499,15 +540,18 @@ impl QueueHandler {
             let mut taken = 0;
             while let Some(chain) = self.queue.pop_descriptor_chain(self.mem.clone()) {
                 taken += 1;
+                let mut times = StageTimes::kicked_at(kick);
+                times.dequeue = now_ns();
                 let job = Job {
                     head: chain.head_index(),
                     chain,
-                    start: Instant::now(),
+                    times,
                 };
                 if self.jobs.send(job).is_err() {
                     return;
                 }
                 self.in_flight += 1;
+                self.stats.dequeued();
             }
             match self.queue.enable_notification(&*self.mem) {
                 // More arrived meanwhile; but if nothing could be taken the
@@ -526,15 +570,22 @@ impl QueueHandler {
     /// Puts finished requests in the used ring and interrupts if needed.
     fn complete(&mut self) {
         let mut added = false;
-        while let Ok((head, len)) = self.done_rx.try_recv() {
-            added |= self.add_used(head, len);
+        while let Ok(done) = self.done_rx.try_recv() {
+            added |= self.add_used(done);
         }
         self.notify_if_added(added);
+        self.count_finished();
     }
 
     /// Puts one finished request in the used ring; whether it went in.
-    fn add_used(&mut self, head: u16, len: u32) -> bool {
+    fn add_used(&mut self, done: Done) -> bool {
+        let Done {
+            head,
+            used_len: len,
+            record,
+        } = done;
         self.in_flight = self.in_flight.saturating_sub(1);
+        self.finished.push(record);
         match self.queue.add_used(&*self.mem, head, len) {
             Ok(()) => true,
             Err(e) => {
@@ -554,7 +605,7 @@ impl QueueHandler {
         while self.in_flight > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.done_rx.recv_timeout(left) {
-                Ok((head, len)) => added |= self.add_used(head, len),
+                Ok(done) => added |= self.add_used(done),
                 Err(_) => {
                     result = Err(self.in_flight);
                     break;
@@ -562,7 +613,18 @@ impl QueueHandler {
             }
         }
         self.notify_if_added(added);
+        self.count_finished();
         result
+    }
+
+    /// Stamps the requests just put in the used ring with the interrupt
+    /// (injected or not) and counts them.
+    fn count_finished(&mut self) {
+        let interrupt = now_ns();
+        for mut record in self.finished.drain(..) {
+            record.times.interrupt = interrupt;
+            self.stats.completed(self.index, &record);
+        }
     }
 
     fn notify_if_added(&mut self, added: bool) {
@@ -575,12 +637,21 @@ impl QueueHandler {
     }
 }
 
+impl Drop for QueueHandler {
+    /// A reset drops the requests still with the I/O threads unanswered:
+    /// they are no longer in flight.
+    fn drop(&mut self) {
+        self.stats.abandoned(self.in_flight as u64);
+    }
+}
+
 impl WorkerHandler for QueueHandler {
     fn handle(&mut self, token: usize, _events: EventSet) {
         match token {
             KICK_TOKEN => {
+                let kick = now_ns();
                 let _ = self.kick.read();
-                self.take_requests();
+                self.take_requests(kick);
             }
             DONE_TOKEN => {
                 let _ = self.done_evt.read();

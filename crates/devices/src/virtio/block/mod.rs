@@ -10,7 +10,12 @@
 //!   it, never trusting the guest;
 //! - [`io`]: the disk back ends ([`FileDisk`] with the cache modes and
 //!   O_DIRECT, [`MemDisk`] for tests and fuzzing) and aligned buffers;
-//! - [`metrics`]: request counters.
+//! - [`metrics`]: request counters;
+//! - [`stats`]: the statistics of `vm.counters` (docs/devices.md,
+//!   "Counters"): per request kind and stage, recorded lock-free by the
+//!   queue threads from each request's [`StageTimes`]; [`counters`] the
+//!   values read and how queues add up, [`histogram`] the latency
+//!   histograms with settable boundaries.
 //!
 //! The VMM builds a disk from `--disk` text with
 //! `Block::new(text.parse::<BlockConfig>()?)?` (naming it with
@@ -26,10 +31,13 @@
 //! image, serialised against the O_DIRECT accesses; a flush (fdatasync)
 //! covers both.
 
+pub mod counters;
 pub mod device;
+pub mod histogram;
 pub mod io;
 pub mod metrics;
 pub mod request;
+pub mod stats;
 
 #[cfg(test)]
 mod tests;
@@ -41,10 +49,16 @@ use std::str::FromStr;
 use crate::affinity::CpuSet;
 use crate::options::{invalid, Options, OptionsError};
 
+pub use counters::{DiskCounters, KindCounters, Outcome, RequestKind, Stage, StageCounters};
 pub use device::{Block, BlockState};
+pub use histogram::HistogramSnapshot;
 pub use io::{AlignedBuf, DiskBackend, FileDisk, MemDisk};
 pub use metrics::BlockMetrics;
-pub use request::{process_chain, Request, RequestContext, RequestError, RequestType};
+pub use request::{
+    process_chain, process_chain_counted, Processed, Request, RequestContext, RequestError,
+    RequestType,
+};
+pub use stats::{now_ns, DiskStats, RequestRecord, StageTimes};
 
 /// Bytes in a virtio-blk sector: offsets and the capacity are counted in
 /// these whatever the block size.

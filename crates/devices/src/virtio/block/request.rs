@@ -18,7 +18,6 @@
 
 use std::io::{Read, Write};
 use std::ops::Deref;
-use std::time::Instant;
 
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_BLK_T_DISCARD,
@@ -29,6 +28,7 @@ use virtio_queue::{DescriptorChain, Reader, Writer};
 use vm_memory::bitmap::{AtomicBitmap, BS};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
+use super::counters::{Outcome, RequestKind};
 use super::io::{AlignedBuf, DiskBackend};
 use super::metrics::{add, Metrics};
 use super::{SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
@@ -126,6 +126,15 @@ pub enum RequestError {
 }
 
 impl RequestError {
+    /// For the statistics: a host I/O error failed the request, anything
+    /// else refused it before it reached the disk.
+    fn outcome(&self) -> Outcome {
+        match self {
+            RequestError::Io(_) => Outcome::Failed,
+            _ => Outcome::Invalid,
+        }
+    }
+
     fn status(&self) -> u8 {
         match self {
             RequestError::Unsupported(_)
@@ -177,6 +186,29 @@ pub struct RequestContext<'a> {
     /// The GET_ID answer.
     pub serial: [u8; SERIAL_LEN],
     pub metrics: &'a Metrics,
+}
+
+impl From<RequestType> for RequestKind {
+    fn from(t: RequestType) -> RequestKind {
+        match t {
+            RequestType::In => RequestKind::Read,
+            RequestType::Out => RequestKind::Write,
+            RequestType::Flush => RequestKind::Flush,
+            RequestType::Discard => RequestKind::Discard,
+            RequestType::WriteZeroes => RequestKind::WriteZeroes,
+            RequestType::GetId | RequestType::Unsupported(_) => RequestKind::Other,
+        }
+    }
+}
+
+/// A chain's completion and what the statistics count of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Processed {
+    pub completion: Completion,
+    pub kind: RequestKind,
+    pub outcome: Outcome,
+    /// Bytes read, written, discarded or zeroed (0 unless `outcome` is Ok).
+    pub bytes: u64,
 }
 
 /// How a chain was completed.
@@ -264,27 +296,49 @@ impl<'a> Request<'a> {
     /// Runs the request: moves data between the guest and the disk through
     /// `scratch`, writes the status byte, and returns the completion.
     pub fn execute(
-        mut self,
+        self,
         mem: &GuestMemoryMmap,
         ctx: &RequestContext,
         scratch: &mut AlignedBuf,
     ) -> Completion {
-        let (result, data_len) = match self.request_type {
-            RequestType::In => self.read(ctx, scratch),
-            RequestType::Out => (self.write(ctx, scratch), 0),
-            RequestType::Flush => (flush(ctx), 0),
-            RequestType::GetId => self.get_id(ctx),
-            RequestType::Discard | RequestType::WriteZeroes => (self.discard(ctx), 0),
-            RequestType::Unsupported(t) => (Err(RequestError::Unsupported(t)), 0),
+        self.execute_counted(mem, ctx, scratch).completion
+    }
+
+    /// [`execute`](Self::execute), also saying what the statistics count.
+    pub fn execute_counted(
+        mut self,
+        mem: &GuestMemoryMmap,
+        ctx: &RequestContext,
+        scratch: &mut AlignedBuf,
+    ) -> Processed {
+        // (result, bytes for the used ring, bytes moved for the statistics)
+        let (result, data_len, moved) = match self.request_type {
+            RequestType::In => {
+                let (result, n) = self.read(ctx, scratch);
+                (result, n, n)
+            }
+            RequestType::Out => split_moved(self.write(ctx, scratch)),
+            RequestType::Flush => (flush(ctx), 0, 0),
+            RequestType::GetId => {
+                let (result, n) = self.get_id(ctx);
+                (result, n, 0)
+            }
+            RequestType::Discard | RequestType::WriteZeroes => split_moved(self.discard(ctx)),
+            RequestType::Unsupported(t) => (Err(RequestError::Unsupported(t)), 0, 0),
         };
-        let status = match &result {
-            Ok(()) => VIRTIO_BLK_S_OK,
+        let (status, outcome) = match &result {
+            Ok(()) => (VIRTIO_BLK_S_OK, Outcome::Ok),
             Err(e) => {
                 tracing::debug!("virtio-blk {:?} request failed: {e}", self.request_type);
-                e.status()
+                (e.status(), e.outcome())
             }
         };
-        write_status(mem, self.status, status, data_len)
+        Processed {
+            completion: write_status(mem, self.status, status, data_len),
+            kind: self.request_type.into(),
+            outcome,
+            bytes: if outcome == Outcome::Ok { moved } else { 0 },
+        }
     }
 
     fn check_range(&self, ctx: &RequestContext, len: u64) -> Result<u64, RequestError> {
@@ -323,12 +377,12 @@ impl<'a> Request<'a> {
         (result, self.writer.bytes_written() as u64)
     }
 
-    /// OUT.
+    /// OUT: returns the bytes written.
     fn write(
         &mut self,
         ctx: &RequestContext,
         scratch: &mut AlignedBuf,
-    ) -> Result<(), RequestError> {
+    ) -> Result<u64, RequestError> {
         if ctx.readonly {
             return Err(RequestError::ReadOnly);
         }
@@ -344,7 +398,7 @@ impl<'a> Request<'a> {
             offset += n as u64;
             add(&ctx.metrics.write_bytes, n as u64);
         }
-        write_through(ctx)
+        write_through(ctx).map(|()| len)
     }
 
     /// GET_ID: the serial, cut to the buffer the driver gave.
@@ -357,8 +411,9 @@ impl<'a> Request<'a> {
         (result, self.writer.bytes_written() as u64)
     }
 
-    /// DISCARD and WRITE_ZEROES: one segment of {sector, num_sectors, flags}.
-    fn discard(&mut self, ctx: &RequestContext) -> Result<(), RequestError> {
+    /// DISCARD and WRITE_ZEROES: one segment of {sector, num_sectors,
+    /// flags}; returns the bytes of the range.
+    fn discard(&mut self, ctx: &RequestContext) -> Result<u64, RequestError> {
         let zeroes = self.request_type == RequestType::WriteZeroes;
         let (feature, name, max) = if zeroes {
             (
@@ -402,7 +457,7 @@ impl<'a> Request<'a> {
         }
         let offset = check_sectors(ctx, sector, u64::from(sectors))?;
         if sectors == 0 {
-            return Ok(());
+            return Ok(0);
         }
         let len = u64::from(sectors) << SECTOR_SHIFT;
         if zeroes {
@@ -410,7 +465,16 @@ impl<'a> Request<'a> {
         } else {
             ctx.disk.discard(offset, len)?;
         }
-        write_through(ctx)
+        write_through(ctx).map(|()| len)
+    }
+}
+
+/// A result with the bytes moved → (result, no data for the used ring,
+/// bytes moved).
+fn split_moved(result: Result<u64, RequestError>) -> (Result<(), RequestError>, u64, u64) {
+    match result {
+        Ok(moved) => (Ok(()), 0, moved),
+        Err(e) => (Err(e), 0, 0),
     }
 }
 
@@ -476,8 +540,23 @@ where
     M: Deref + Clone,
     M::Target: GuestMemory + Sized,
 {
+    process_chain_counted(chain, mem, ctx, scratch).completion
+}
+
+/// [`process_chain`], also saying what the disk's statistics count of the
+/// request (its kind, outcome and bytes).
+pub fn process_chain_counted<M>(
+    chain: DescriptorChain<M>,
+    mem: &GuestMemoryMmap,
+    ctx: &RequestContext,
+    scratch: &mut AlignedBuf,
+) -> Processed
+where
+    M: Deref + Clone,
+    M::Target: GuestMemory + Sized,
+{
     let m = ctx.metrics;
-    let completion = match Request::parse(chain, mem) {
+    let processed = match Request::parse(chain, mem) {
         Ok(request) => {
             let counter = match request.request_type {
                 RequestType::In => &m.read_requests,
@@ -487,27 +566,28 @@ where
                 RequestType::GetId | RequestType::Unsupported(_) => &m.other_requests,
             };
             add(counter, 1);
-            request.execute(mem, ctx, scratch)
+            request.execute_counted(mem, ctx, scratch)
         }
         Err(malformed) => {
             add(&m.other_requests, 1);
             tracing::debug!("virtio-blk: malformed request: {}", malformed.error);
-            match malformed.status {
+            let completion = match malformed.status {
                 Some(addr) => write_status(mem, addr, malformed.error.status(), 0),
                 None => Completion {
                     status: None,
                     used_len: 0,
                 },
+            };
+            Processed {
+                completion,
+                kind: RequestKind::Other,
+                outcome: Outcome::Invalid,
+                bytes: 0,
             }
         }
     };
-    if completion.status != Some(VIRTIO_BLK_S_OK) {
+    if processed.completion.status != Some(VIRTIO_BLK_S_OK) {
         add(&m.errors, 1);
     }
-    completion
-}
-
-/// Microseconds since `start`, for the latency counter.
-pub(crate) fn micros_since(start: Instant) -> u64 {
-    u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
+    processed
 }

@@ -1626,3 +1626,142 @@ fn disk_option_mistakes_are_named() {
     assert!(err("a.img,id=sp ace").contains("printable ASCII"));
     assert!(BlockConfig::parse("a.img,id=12345678901234567890").is_ok());
 }
+
+// ------------------------------------------------------------ statistics
+
+/// A disk whose reads past `bad_from` fail with EIO.
+struct BadSectors {
+    inner: MemDisk,
+    bad_from: u64,
+}
+
+impl DiskBackend for BadSectors {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if offset >= self.bad_from {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<bool> {
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> std::io::Result<()> {
+        self.inner.write_zeroes(offset, len, unmap)
+    }
+}
+
+#[test]
+fn requests_are_classified_for_the_statistics() {
+    let h = Harness::new();
+    let disk = BadSectors {
+        inner: MemDisk::new(64 * 1024),
+        bad_from: 32 * 1024,
+    };
+    let ctx = h.ctx(&disk, 64 * 1024, ACKED_ALL);
+    let run = |descs: &[D]| {
+        let mut q = DriverQueue::new(&h.mem, 0, 16);
+        q.add(descs);
+        let c = q.queue().pop_descriptor_chain(&h.mem).unwrap();
+        let p = process_chain_counted(c, &h.mem, &ctx, &mut AlignedBuf::new(4096));
+        (p.kind, p.outcome, p.bytes)
+    };
+    put_header(&h.mem, HDR, VIRTIO_BLK_T_IN, 8);
+    let read = [r(HDR, 16), w(DATA2, 8192), w(STATUS, 1)];
+    assert_eq!(run(&read), (RequestKind::Read, Outcome::Ok, 8192));
+    // The host fails it: failed.
+    put_header(&h.mem, HDR, VIRTIO_BLK_T_IN, 64);
+    assert_eq!(run(&read), (RequestKind::Read, Outcome::Failed, 0));
+    // Beyond the disk: invalid, nothing moved.
+    put_header(&h.mem, HDR, VIRTIO_BLK_T_IN, 127);
+    assert_eq!(run(&read), (RequestKind::Read, Outcome::Invalid, 0));
+    put_header(&h.mem, HDR, VIRTIO_BLK_T_OUT, 0);
+    let write = [r(HDR, 16), r(DATA, 1536), w(STATUS, 1)];
+    assert_eq!(run(&write), (RequestKind::Write, Outcome::Ok, 1536));
+    put_header(&h.mem, HDR, VIRTIO_BLK_T_FLUSH, 0);
+    assert_eq!(
+        run(&[r(HDR, 16), w(STATUS, 1)]),
+        (RequestKind::Flush, Outcome::Ok, 0)
+    );
+    put_header(&h.mem, HDR, VIRTIO_BLK_T_DISCARD, 0);
+    put_segment(&h.mem, DATA, 0, 16, 0);
+    let segment = [r(HDR, 16), r(DATA, 16), w(STATUS, 1)];
+    assert_eq!(run(&segment), (RequestKind::Discard, Outcome::Ok, 8192));
+    put_header(&h.mem, HDR, VIRTIO_BLK_T_WRITE_ZEROES, 0);
+    assert_eq!(run(&segment), (RequestKind::WriteZeroes, Outcome::Ok, 8192));
+    put_header(&h.mem, HDR, VIRTIO_BLK_T_GET_ID, 0);
+    assert_eq!(
+        run(&[r(HDR, 16), w(DATA, 20), w(STATUS, 1)]),
+        (RequestKind::Other, Outcome::Ok, 0)
+    );
+    // No status byte: a malformed chain, invalid.
+    assert_eq!(
+        run(&[r(HDR, 16)]),
+        (RequestKind::Other, Outcome::Invalid, 0)
+    );
+}
+
+#[test]
+fn the_device_counts_every_request_it_completes_by_kind_and_stage() {
+    let disk = Arc::new(MemDisk::new(64 * 1024));
+    let mut block = Block::from_backend(BlockConfig::new("/m"), disk, 64 * 1024, [0; SERIAL_LEN]);
+    let mem = guest_memory();
+    let acked = block.device_features();
+    let stats = block.stats();
+    let mut d = Driver::start(&mut block, &mem, acked);
+    put_header(&mem, HDR, VIRTIO_BLK_T_OUT, 0);
+    put_header(&mem, HDR + 16, VIRTIO_BLK_T_IN, 0);
+    put_header(&mem, HDR + 32, VIRTIO_BLK_T_FLUSH, 0);
+    put_header(&mem, HDR + 48, VIRTIO_BLK_T_IN, 1000);
+    d.offer(&[r(HDR, 16), r(DATA, 4096), w(STATUS, 1)]);
+    d.kick();
+    d.wait_used(1);
+    d.offer(&[r(HDR + 16, 16), w(DATA2, 2048), w(STATUS + 1, 1)]);
+    d.offer(&[r(HDR + 16, 16), w(DATA2, 512), w(STATUS + 2, 1)]);
+    d.offer(&[r(HDR + 32, 16), w(STATUS + 3, 1)]);
+    d.offer(&[r(HDR + 48, 16), w(DATA2, 512), w(STATUS + 4, 1)]);
+    d.kick();
+    d.wait_used(5);
+    // The queue thread counts a request right after it interrupts.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stats.snapshot().ops() < 5 {
+        assert!(Instant::now() < deadline, "{:?}", stats.snapshot());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let c = stats.snapshot();
+    let (read, write) = (c.kind(RequestKind::Read), c.kind(RequestKind::Write));
+    assert_eq!((read.ops, read.bytes, read.invalid), (3, 2560, 1));
+    assert_eq!((write.ops, write.bytes), (1, 4096));
+    assert_eq!(c.kind(RequestKind::Flush).ops, 1);
+    assert_eq!((c.in_flight, c.max_queue_depth >= 1), (0, true));
+    assert!(c.max_queue_depth <= 4, "{}", c.max_queue_depth);
+    for kind in [RequestKind::Read, RequestKind::Write, RequestKind::Flush] {
+        let k = c.kind(kind);
+        assert_eq!(k.histogram.as_ref().unwrap().count(), k.ops, "{kind:?}");
+        assert!(k.min_ns > 0 && k.min_ns <= k.max_ns, "{kind:?}: {k:?}");
+    }
+    // Every stage of every request was stamped, and the per-kind time
+    // (dequeue → completion) is two of the stages.
+    for s in &c.stages {
+        assert_eq!((s.count, s.histogram.count()), (5, 5), "{s:?}");
+    }
+    for stage in [
+        Stage::DequeueToSubmit,
+        Stage::SubmitToComplete,
+        Stage::CompleteToInterrupt,
+    ] {
+        assert!(c.stage(stage).total_ns > 0, "{stage:?}");
+    }
+    let service: u64 = c.kinds.iter().map(|k| k.total_time_ns).sum();
+    assert_eq!(
+        service,
+        c.stage(Stage::DequeueToSubmit).total_ns + c.stage(Stage::SubmitToComplete).total_ns
+    );
+    block.reset();
+    assert_eq!(stats.snapshot().in_flight, 0);
+}
