@@ -232,6 +232,26 @@ enum CtlCommandArg {
         #[arg(long)]
         json: bool,
     },
+    /// Show every disk's and network device's counters (a table, or the
+    /// API's JSON), or set a disk's latency histogram boundaries
+    /// (docs/devices.md, "Counters").
+    Counters {
+        /// Print the API's JSON instead of the table.
+        #[arg(long, conflicts_with = "boundaries")]
+        json: bool,
+        /// Set the boundaries of this disk's histograms (its id, e.g. disk0).
+        #[arg(long, value_name = "DISK", requires = "boundaries")]
+        disk: Option<String>,
+        /// Only this histogram (read, write, flush, discard, write_zeroes,
+        /// kick_to_dequeue, dequeue_to_submit, submit_to_complete,
+        /// complete_to_interrupt); all of the disk's without it.
+        #[arg(long, value_name = "NAME", requires = "boundaries", value_parser = parse_choice::<api::LatencyHistogram>)]
+        histogram: Option<api::LatencyHistogram>,
+        /// Increasing durations (10us,100us,1ms,1s; bare numbers are ns),
+        /// or "default".
+        #[arg(long, value_name = "LIST", value_parser = parse_choice::<api::Boundaries>)]
+        boundaries: Option<api::Boundaries>,
+    },
     /// Save the whole VM to a file (pausing it meanwhile); `run --restore
     /// FILE` continues it (docs/snapshot.md).
     Snapshot {
@@ -444,6 +464,34 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
             Some(path) => Some(absolute_utf8(&path)?),
             None => None,
         }),
+        CtlCommandArg::Counters {
+            disk: Some(id),
+            histogram,
+            boundaries,
+            ..
+        } => api::CtlCommand::LatencyHistogramSet(api::LatencyHistogramRequest {
+            id,
+            histogram,
+            boundaries,
+        }),
+        CtlCommandArg::Counters {
+            boundaries: Some(_),
+            ..
+        } => return Err("ctl counters --boundaries: name the disk with --disk".into()),
+        CtlCommandArg::Counters { json, .. } => {
+            let output = api::run_ctl(&args.api_socket, &api::CtlCommand::Counters)
+                .map_err(|e| e.to_string())?;
+            if json {
+                println!("{output}");
+            } else {
+                let value: serde_json::Value = serde_json::from_str(&output)
+                    .map_err(|e| format!("bad counters report: {e}"))?;
+                let report = vmm::counters::wire::from_json(&value)
+                    .map_err(|e| format!("bad counters report: {e}"))?;
+                print!("{}", vmm::counters::table::render(&report));
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
         CtlCommandArg::Isolation { json } => {
             let output = api::run_ctl(&args.api_socket, &api::CtlCommand::Isolation)
                 .map_err(|e| e.to_string())?;

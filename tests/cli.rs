@@ -449,3 +449,53 @@ fn a_malformed_log_level_is_named_and_ignored() {
     assert!(lines[1].contains("/nonexistent/vmlinuz"), "{stderr}");
     assert_eq!(output.status.code(), Some(125), "{stderr}");
 }
+
+#[test]
+fn ctl_counters_mistakes_are_one_line_each() {
+    let ctl = |extra: &[&str], needle: &str| {
+        let mut args = vec!["ctl", "--api-socket", "/nonexistent/hk.sock", "counters"];
+        args.extend_from_slice(extra);
+        expect_error(&args, needle)
+    };
+    // Bad boundary lists are refused before any connection is tried.
+    for (list, needle) in [
+        (
+            "1ms,500us",
+            "boundaries: 500us follows 1ms: each value must be above the one before",
+        ),
+        (
+            "10us,fast",
+            "boundaries: 'fast' is not a duration (a number with ns, us, ms or s)",
+        ),
+        ("0", "boundaries: 0 is not a boundary"),
+        ("", "boundaries: '' is not a duration"),
+    ] {
+        let (code, _) = ctl(&["--disk", "disk0", "--boundaries", list], needle);
+        assert_eq!(code, 2, "a usage error: {list:?}");
+    }
+    ctl(
+        &[
+            "--disk",
+            "disk0",
+            "--histogram",
+            "reads",
+            "--boundaries",
+            "1ms",
+        ],
+        "'reads' is not read, write, flush, discard, write_zeroes, kick_to_dequeue",
+    );
+    // What the flags need and exclude.
+    ctl(&["--disk", "disk0"], "--boundaries");
+    ctl(&["--boundaries", "1ms"], "name the disk with --disk");
+    ctl(&["--histogram", "read"], "--boundaries");
+    ctl(
+        &["--json", "--disk", "disk0", "--boundaries", "1ms"],
+        "cannot be used with",
+    );
+    // Well-formed: the socket is the only problem.
+    ctl(&[], "cannot connect to API socket");
+    ctl(
+        &["--disk", "disk0", "--boundaries", "default"],
+        "cannot connect to API socket",
+    );
+}

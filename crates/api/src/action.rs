@@ -8,7 +8,9 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use choices::{DirtyMethod, MigrationMode, RefreshMode, SptPages};
+pub use choices::{
+    Boundaries, DirtyMethod, LatencyHistogram, MigrationMode, RefreshMode, SptPages,
+};
 
 /// Lifecycle state of the VM as seen by the API.
 ///
@@ -191,6 +193,27 @@ pub enum ApiAction {
     /// devices' host interrupts go; answered with
     /// [`ApiResponse::Isolation`].
     IsolationInfo,
+    /// Every disk's and network device's counters (Cloud Hypervisor's
+    /// `vm.counters`, with latency histograms and request stages beside);
+    /// answered with [`ApiResponse::Counters`].
+    Counters,
+    /// Set a disk's latency histogram boundaries (QEMU's
+    /// `block-latency-histogram-set`); answered with [`ApiResponse::Empty`].
+    LatencyHistogramSet(LatencyHistogramRequest),
+}
+
+/// Body of `PUT /api/v1/vm.latency-histogram`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatencyHistogramRequest {
+    /// The disk's id (as `vm.counters` and `vm.info` name it).
+    pub id: String,
+    /// Which histogram (default: every one of the disk's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub histogram: Option<LatencyHistogram>,
+    /// Bucket boundaries in ns, increasing (default: the default set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boundaries: Option<Boundaries>,
 }
 
 /// Body of `PUT /api/v1/vm.migrate`.
@@ -348,6 +371,9 @@ pub enum ApiResponse {
     /// Answer to [`ApiAction::IsolationInfo`]: the isolation report
     /// (docs/running.md lists the fields).
     Isolation(serde_json::Value),
+    /// Answer to [`ApiAction::Counters`] (docs/devices.md lists the
+    /// fields).
+    Counters(serde_json::Value),
 }
 
 /// Refusal or failure of an [`ApiAction`], carrying the HTTP status to send.

@@ -12,8 +12,8 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use crate::action::{
-    ApiAction, BalloonTarget, DisplaySettings, DumpRequest, ErrorBody, MigrateRequest, MmuSettings,
-    SnapshotRequest, SptPages,
+    ApiAction, BalloonTarget, DisplaySettings, DumpRequest, ErrorBody, LatencyHistogramRequest,
+    MigrateRequest, MmuSettings, SnapshotRequest, SptPages,
 };
 use crate::http::{self, is_timeout, parse_response_head, read_more, write_all_by};
 use crate::Error;
@@ -222,11 +222,15 @@ pub enum CtlCommand {
     Dump(Option<String>),
     /// Print the isolation report of the VM's pinned CPUs.
     Isolation,
+    /// Print every disk's and network device's counters.
+    Counters,
+    /// Set a disk's latency histogram boundaries.
+    LatencyHistogramSet(LatencyHistogramRequest),
 }
 
 impl CtlCommand {
     /// Every command that takes no argument, for help texts and parsers.
-    pub const ALL: [CtlCommand; 10] = [
+    pub const ALL: [CtlCommand; 11] = [
         CtlCommand::Ping,
         CtlCommand::Info,
         CtlCommand::Pause,
@@ -237,6 +241,7 @@ impl CtlCommand {
         CtlCommand::Display,
         CtlCommand::Migration,
         CtlCommand::Isolation,
+        CtlCommand::Counters,
     ];
 
     /// The command's name on the command line.
@@ -255,6 +260,7 @@ impl CtlCommand {
             CtlCommand::Migration => "migration",
             CtlCommand::Dump(_) => "dump",
             CtlCommand::Isolation => "isolation",
+            CtlCommand::Counters | CtlCommand::LatencyHistogramSet(_) => "counters",
         }
     }
 
@@ -279,6 +285,8 @@ impl CtlCommand {
             CtlCommand::Migration => ApiAction::MigrationInfo,
             CtlCommand::Dump(path) => ApiAction::Dump(DumpRequest { path }),
             CtlCommand::Isolation => ApiAction::IsolationInfo,
+            CtlCommand::Counters => ApiAction::Counters,
+            CtlCommand::LatencyHistogramSet(request) => ApiAction::LatencyHistogramSet(request),
         }
     }
 
@@ -301,6 +309,8 @@ impl CtlCommand {
             CtlCommand::Migration => "no migration information returned",
             CtlCommand::Dump(_) => "no report returned",
             CtlCommand::Isolation => "no isolation report returned",
+            CtlCommand::Counters => "no counters returned",
+            CtlCommand::LatencyHistogramSet(_) => "latency histogram set",
         }
     }
 }

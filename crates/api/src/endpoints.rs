@@ -174,6 +174,8 @@ routes! {
     Get "/api/v1/vm.migration" => MigrationInfo;
     Put "/api/v1/vm.dump"     => Dump(request);
     Get "/api/v1/vm.isolation" => IsolationInfo;
+    Get "/api/v1/vm.counters" => Counters;
+    Put "/api/v1/vm.latency-histogram" => LatencyHistogramSet(request);
 }
 
 /// Result of looking a request up in [`ROUTES`].
@@ -260,6 +262,12 @@ mod tests {
                 path: Some("/tmp/report.json".into()),
             }),
             ApiAction::IsolationInfo,
+            ApiAction::Counters,
+            ApiAction::LatencyHistogramSet(crate::action::LatencyHistogramRequest {
+                id: "disk0".into(),
+                histogram: Some(crate::action::LatencyHistogram::Flush),
+                boundaries: Some("10us,1ms".parse().unwrap()),
+            }),
         ];
         assert_eq!(actions.len(), ROUTES.len());
         for action in actions {

@@ -126,6 +126,10 @@ impl VmController for FakeVmm {
             ApiAction::IsolationInfo => Ok(ApiResponse::Isolation(
                 serde_json::json!({"verdict": "needs_pinning"}),
             )),
+            ApiAction::Counters => Ok(ApiResponse::Counters(
+                serde_json::json!({"net0": {"rx_frames": 1}}),
+            )),
+            ApiAction::LatencyHistogramSet(_) => Ok(ApiResponse::Empty),
         }
     }
 }
@@ -301,6 +305,50 @@ fn api_error_status_and_message_pass_through() {
     let (status, body) = client::request(&h.path, "PUT", "/api/v1/vm.pause", None).unwrap();
     assert_eq!(status, 409);
     assert_eq!(error_of(&body), "VM is already paused");
+}
+
+#[test]
+fn latency_histogram_bodies_are_checked_before_the_vmm() {
+    let h = start();
+    let path = "/api/v1/vm.latency-histogram";
+    let body = r#"{"id": "disk0", "histogram": "flush", "boundaries": [1000, 50000]}"#;
+    let (status, _) = client::request(&h.path, "PUT", path, Some(body)).unwrap();
+    assert_eq!(status, 204);
+    assert_eq!(
+        h.vmm.actions().last(),
+        Some(&ApiAction::LatencyHistogramSet(
+            api::LatencyHistogramRequest {
+                id: "disk0".into(),
+                histogram: Some(api::LatencyHistogram::Flush),
+                boundaries: Some("1us,50us".parse().unwrap()),
+            }
+        ))
+    );
+    let seen = h.vmm.actions().len();
+    for (bad, says) in [
+        (
+            r#"{"id": "disk0", "boundaries": [5000, 1000]}"#,
+            "boundaries: 1us follows 5us",
+        ),
+        (
+            r#"{"id": "disk0", "histogram": "reads"}"#,
+            "'reads' is not read, write",
+        ),
+        (
+            r#"{"id": "disk0", "boundaries": []}"#,
+            "boundaries: give at least one value",
+        ),
+        (r#"{"histogram": "read"}"#, "missing field `id`"),
+    ] {
+        let (status, body) = client::request(&h.path, "PUT", path, Some(bad)).unwrap();
+        assert_eq!(status, 400, "{bad}: {body}");
+        let message = error_of(&body);
+        assert!(message.contains(says), "{bad}: {message}");
+        assert!(!message.contains('\n'));
+    }
+    assert_eq!(h.vmm.actions().len(), seen, "refused before the VMM");
+    let (status, body) = client::request(&h.path, "GET", "/api/v1/vm.counters", None).unwrap();
+    assert_eq!((status, body.contains("rx_frames")), (200, true));
 }
 
 #[test]

@@ -458,6 +458,15 @@ impl VmController for VmControl {
             ApiAction::MigrationInfo => self.migration_info(),
             ApiAction::Dump(request) => self.dump(request.path.as_deref()),
             ApiAction::IsolationInfo => self.isolation(),
+            ApiAction::Counters => Ok(ApiResponse::Counters(crate::counters::wire::to_json(
+                &self.vm.counters.report(),
+            ))),
+            ApiAction::LatencyHistogramSet(request) => self
+                .vm
+                .counters
+                .set_histogram(&request.id, request.histogram, request.boundaries.as_ref())
+                .map(|()| ApiResponse::Empty)
+                .map_err(|e| ApiError::bad_request(e.to_string())),
         }
     }
 }

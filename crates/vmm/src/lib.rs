@@ -30,6 +30,7 @@ pub mod boot;
 pub mod config;
 pub mod console;
 pub mod controller;
+pub mod counters;
 pub mod cpus;
 pub mod display;
 pub mod dump;

@@ -37,6 +37,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::config::VirtioConfig;
 use crate::console::{ConsoleOutput, ConsoleTail};
 use crate::controller::DeviceDescription;
+use crate::counters::CountedDevice;
 use crate::memory::GuestMemoryMmap;
 use crate::Error;
 
@@ -394,12 +395,15 @@ impl VirtioFunctions {
 }
 
 /// The virtio devices to attach, and the handles the VMM keeps to drive
-/// them at run time (the API's balloon endpoint, the display's input).
+/// them at run time (the API's balloon endpoint, the display's input, the
+/// counters of `vm.counters`).
 #[derive(Default)]
 pub struct VirtioDevices {
     pub devices: Vec<Box<dyn VirtioDevice>>,
     pub balloon: Option<Arc<BalloonControl>>,
     pub inputs: Vec<Arc<InputControl>>,
+    /// Disks and network devices by id.
+    pub counted: Vec<(String, CountedDevice)>,
 }
 
 /// Builds the virtio devices the command line asks for, before any KVM work,
@@ -415,11 +419,15 @@ pub fn create_virtio_devices(config: &VirtioConfig) -> Result<VirtioDevices, Err
         if !named {
             disk.set_name(format!("disk{index}"));
         }
+        out.counted
+            .push((disk.id().to_string(), CountedDevice::Disk(disk.stats())));
         out.devices.push(Box::new(disk));
     }
     for (index, options) in config.nets.iter().enumerate() {
         let net = Net::from_options(options, &format!("net{index}"))
             .map_err(|e| option_error("--net", &e))?;
+        out.counted
+            .push((net.id().to_string(), CountedDevice::Net(net.metrics())));
         out.devices.push(Box::new(net));
     }
     if let Some(options) = &config.vsock {

@@ -23,6 +23,7 @@ use base64::Engine;
 use crate::config::{format_size, VirtioConfig, VmConfig};
 use crate::console::{spawn_input_thread, RawTerminal};
 use crate::controller::{VcpuPauser, VmControl, VmDescription};
+use crate::counters::VmCounters;
 use crate::cpus::VcpuThreadIds;
 use crate::display::{default_inputs, layout_cmdline_word, DisplayMetrics, Framebuffer};
 use crate::dump::Inspector;
@@ -59,16 +60,19 @@ pub struct Vm {
     pub migrations: Arc<MigrationReports>,
     /// Failure reports (--dump-dir, ctl dump).
     pub inspector: Arc<Inspector>,
+    /// Disks' and network devices' counters (vm.counters).
+    pub counters: Arc<VmCounters>,
 }
 
 impl Vm {
     /// The sections of the `--metrics` file: "mmu", "kvm", "migration",
-    /// and "display" when there is one.
+    /// "counters", and "display" when there is one.
     pub fn metrics_sources(&self) -> Vec<Arc<dyn MetricsSource>> {
         let mut sources: Vec<Arc<dyn MetricsSource>> = vec![
             self.mmu.clone(),
             self.mmu.shared_stats(),
             self.migrations.clone(),
+            self.counters.clone(),
         ];
         if let Some(display) = &self.display {
             sources.push(Arc::new(DisplayMetrics(display.clone())));
@@ -135,6 +139,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
             framebuffer,
             display: display.as_ref().map(|d| d.control()),
             balloon: virtio.balloon.clone(),
+            counters: Arc::new(VmCounters::new(std::mem::take(&mut virtio.counted))),
             pauser,
             inspector: inspector.clone(),
         },
@@ -203,6 +208,7 @@ struct Parts {
     framebuffer: Option<Arc<Framebuffer>>,
     display: Option<Arc<DisplayControl>>,
     balloon: Option<Arc<BalloonControl>>,
+    counters: Arc<VmCounters>,
     pauser: Arc<VcpuPauser>,
     inspector: Arc<Inspector>,
 }
@@ -378,6 +384,7 @@ fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
         framebuffer,
         display,
         balloon,
+        counters,
         pauser,
         inspector,
     } = parts;
@@ -440,6 +447,7 @@ fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
         snapshot,
         migrations,
         inspector,
+        counters,
     })
 }
 

@@ -300,7 +300,11 @@ mod tests {
                 std::time::Instant::now() < deadline,
                 "the recorders did not run"
             );
-            let boundaries: &[u64] = if round.is_multiple_of(2) { &[60] } else { &[10, 100] };
+            let boundaries: &[u64] = if round.is_multiple_of(2) {
+                &[60]
+            } else {
+                &[10, 100]
+            };
             h.set(boundaries);
             let s = h.snapshot();
             let expected_bin = bucket_of(&s.boundaries, 50);
