@@ -351,3 +351,192 @@ fn vsock_round_trips_both_ways() {
         "the vsock socket must be removed"
     );
 }
+
+/// `vm.counters` as JSON.
+fn counters(socket: &str) -> serde_json::Value {
+    let (ok, out) = ctl(socket, &["counters", "--json"]);
+    assert!(ok, "{out}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+fn field(v: &serde_json::Value, pointer: &str) -> u64 {
+    v.pointer(pointer)
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or_else(|| panic!("no {pointer} in {v}"))
+}
+
+fn bins_sum(h: &serde_json::Value) -> u64 {
+    h["bins"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no bins in {h}"))
+        .iter()
+        .map(|b| b.as_u64().unwrap())
+        .sum()
+}
+
+/// Waits until the disk has nothing in flight (the queue thread counts a
+/// request just after the interrupt that ends the guest's wait for it).
+fn settled(socket: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let c = counters(socket);
+        if field(&c, "/disk0/in_flight") == 0 {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "requests stay in flight: {c}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn disk_counters_add_up_to_what_the_guest_did() {
+    require_hardware_kvm();
+    let image = temp_image("counters", 16);
+    let socket = temp_socket("counters");
+    let metrics =
+        std::env::temp_dir().join(format!("hakoniwa-counters-{}.jsonl", std::process::id()));
+    let disk = format!("path={image}");
+    let mut vmm = Vmm::spawn(&[
+        "run",
+        "--disk",
+        &disk,
+        "--api-socket",
+        &socket,
+        "--metrics",
+        metrics.to_str().unwrap(),
+        "--metrics-interval",
+        "0.5",
+    ]);
+    vmm.wait_for(PROMPT);
+    let before = settled(&socket);
+
+    // 256 reads and 128 writes of 4 KiB each (O_DIRECT: one request per
+    // dd block), then a flush (fsync of the device).
+    vmm.shell("dd if=/dev/vda of=/dev/null bs=4096 count=256 iflag=direct 2>/dev/null");
+    vmm.shell("dd if=/dev/zero of=/dev/vda bs=4096 count=128 seek=256 oflag=direct conv=fsync 2>/dev/null");
+    let after = settled(&socket);
+    let delta = |name: &str| {
+        let p = format!("/disk0/{name}");
+        field(&after, &p) - field(&before, &p)
+    };
+    assert_eq!(
+        (delta("read_ops"), delta("read_bytes")),
+        (256, 1 << 20),
+        "{after}"
+    );
+    assert_eq!(
+        (delta("write_ops"), delta("write_bytes")),
+        (128, 512 << 10),
+        "{after}"
+    );
+    assert!(delta("flush_ops") >= 1, "{after}");
+    for kind in ["read", "write", "flush"] {
+        assert_eq!(field(&after, &format!("/disk0/{kind}_failed")), 0);
+        assert_eq!(field(&after, &format!("/disk0/{kind}_invalid")), 0);
+    }
+    let disk = &after["disk0"];
+    // Every request is in its kind's histogram and in every stage.
+    let mut ops = 0;
+    for kind in ["read", "write", "flush", "discard", "write_zeroes", "other"] {
+        let n = field(disk, &format!("/{kind}_ops"));
+        ops += n;
+        if kind != "other" {
+            assert_eq!(
+                bins_sum(&disk["latency_histograms"][kind]),
+                n,
+                "{kind}: {disk}"
+            );
+        }
+        if n > 0 && kind != "other" {
+            let (min, avg, max) = (
+                field(disk, &format!("/{kind}_latency_min")),
+                field(disk, &format!("/{kind}_latency_avg")),
+                field(disk, &format!("/{kind}_latency_max")),
+            );
+            assert!(min <= avg && avg <= max, "{kind}: {min} {avg} {max}");
+        }
+    }
+    let stage = |name: &str, what: &str| field(disk, &format!("/stages/{name}/{what}"));
+    for name in [
+        "kick_to_dequeue",
+        "dequeue_to_submit",
+        "submit_to_complete",
+        "complete_to_interrupt",
+    ] {
+        assert_eq!(stage(name, "count"), ops, "{name}: {disk}");
+        assert_eq!(bins_sum(&disk["stages"][name]), ops, "{name}");
+        assert!(stage(name, "max_ns") <= stage(name, "total_ns"), "{name}");
+    }
+    // The kinds' time (dequeue → completion) is exactly two stages'.
+    let service: u64 = ["read", "write", "flush", "discard", "write_zeroes", "other"]
+        .iter()
+        .map(|k| field(disk, &format!("/{k}_total_time_ns")))
+        .sum();
+    assert_eq!(
+        service,
+        stage("dequeue_to_submit", "total_ns") + stage("submit_to_complete", "total_ns")
+    );
+    assert!(stage("submit_to_complete", "total_ns") > 0);
+    assert!(field(disk, "/max_queue_depth") >= 1);
+
+    // The table names the disk and its kinds.
+    let (ok, table) = ctl(&socket, &["counters"]);
+    assert!(
+        ok && table.starts_with("disk0") && table.contains("  read "),
+        "{table}"
+    );
+
+    // New read boundaries: empty bins, then the next reads land in them.
+    let (ok, out) = ctl(
+        &socket,
+        &[
+            "counters",
+            "--disk",
+            "disk0",
+            "--histogram",
+            "read",
+            "--boundaries",
+            "10us,1ms",
+        ],
+    );
+    assert!(ok, "{out}");
+    let c = counters(&socket);
+    assert_eq!(
+        c["disk0"]["latency_histograms"]["read"]["boundaries"],
+        serde_json::json!([10_000, 1_000_000])
+    );
+    assert_eq!(bins_sum(&c["disk0"]["latency_histograms"]["read"]), 0);
+    assert_eq!(
+        bins_sum(&c["disk0"]["latency_histograms"]["write"]),
+        field(&c, "/disk0/write_ops")
+    );
+    vmm.shell("dd if=/dev/vda of=/dev/null bs=4096 count=16 iflag=direct 2>/dev/null");
+    let c = settled(&socket);
+    assert_eq!(
+        bins_sum(&c["disk0"]["latency_histograms"]["read"]),
+        16,
+        "{c}"
+    );
+    let (ok, out) = ctl(
+        &socket,
+        &["counters", "--disk", "disk9", "--boundaries", "1ms"],
+    );
+    assert!(
+        !ok && out.contains("no device 'disk9' (disks: disk0)"),
+        "{out}"
+    );
+
+    vmm.send("poweroff\n");
+    assert_eq!(vmm.wait_exit(Duration::from_secs(60)).code(), Some(0));
+    // The --metrics file's last line has the same counters.
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        field(&last, "/counters/disk0/read_ops"),
+        field(&c, "/disk0/read_ops"),
+        "{last}"
+    );
+    let _ = std::fs::remove_file(&metrics);
+    let _ = std::fs::remove_file(&image);
+}

@@ -3,11 +3,13 @@
 //! without a lock.
 //!
 //! The arithmetic is pure ([`bucket_of`], [`HistogramSnapshot`]); the live
-//! histogram ([`AtomicHistogram`]) keeps two slots of boundaries and bins.
+//! histograms ([`HistogramSet`]) keep two slots of boundaries and bins.
 //! Recorders count into the active one; a change of boundaries fills the
-//! other (after any recorder still inside it left), then makes it active,
-//! so a sample is never counted against boundaries it was not sorted by,
-//! nor lost, and recorders never wait.
+//! other (after any recorder still inside it left: the histograms not
+//! changed get the bins counted so far), makes it active, then adds what
+//! recorders still in the old slot counted there. So a sample is never
+//! counted against boundaries it was not sorted by, nor lost, and
+//! recorders never wait.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -83,27 +85,29 @@ impl HistogramSnapshot {
     }
 }
 
-/// One set of boundaries and its bins.
-struct Slot {
-    /// Recorders inside this slot now.
-    users: AtomicUsize,
+/// One histogram's boundaries and bins in one slot.
+struct Cells {
     len: AtomicUsize,
     boundaries: [AtomicU64; MAX_BOUNDARIES],
     bins: [AtomicU64; MAX_BOUNDARIES + 1],
 }
 
-impl Slot {
-    fn new() -> Slot {
-        Slot {
-            users: AtomicUsize::new(0),
+impl Cells {
+    fn new() -> Cells {
+        Cells {
             len: AtomicUsize::new(0),
             boundaries: std::array::from_fn(|_| AtomicU64::new(0)),
             bins: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 
-    /// Only while no recorder can be inside (see [`AtomicHistogram::set`]).
+    fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed).min(MAX_BOUNDARIES)
+    }
+
+    /// New boundaries, bins zero. Only while no recorder can be inside.
     fn fill(&self, boundaries: &[u64]) {
+        let boundaries = &boundaries[..boundaries.len().min(MAX_BOUNDARIES)];
         for (cell, &b) in self.boundaries.iter().zip(boundaries) {
             cell.store(b, Ordering::Relaxed);
         }
@@ -113,9 +117,37 @@ impl Slot {
         }
     }
 
+    /// `other`'s boundaries and its bins as they are now (returned).
+    /// Only while no recorder can be inside `self`.
+    fn copy_from(&self, other: &Cells) -> Vec<u64> {
+        let len = other.len();
+        for (mine, theirs) in self.boundaries.iter().zip(&other.boundaries[..len]) {
+            mine.store(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.len.store(len, Ordering::Relaxed);
+        let mut copied = Vec::with_capacity(len + 1);
+        for (mine, theirs) in self.bins.iter().zip(&other.bins) {
+            let n = theirs.load(Ordering::Relaxed);
+            mine.store(n, Ordering::Relaxed);
+            copied.push(n);
+        }
+        copied
+    }
+
+    /// Adds what `other` counted since [`copy_from`](Self::copy_from)
+    /// returned `copied`.
+    fn catch_up(&self, other: &Cells, copied: &[u64]) {
+        for ((mine, theirs), before) in self.bins.iter().zip(&other.bins).zip(copied) {
+            let late = theirs.load(Ordering::Relaxed).saturating_sub(*before);
+            if late > 0 {
+                mine.fetch_add(late, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// [`bucket_of`] over the atomic boundaries.
     fn bucket(&self, value: u64) -> usize {
-        let (mut low, mut high) = (0, self.len.load(Ordering::Relaxed).min(MAX_BOUNDARIES));
+        let (mut low, mut high) = (0, self.len());
         while low < high {
             let mid = (low + high) / 2;
             if self.boundaries[mid].load(Ordering::Relaxed) <= value {
@@ -127,8 +159,12 @@ impl Slot {
         low
     }
 
+    fn add(&self, value: u64) {
+        self.bins[self.bucket(value)].fetch_add(1, Ordering::Relaxed);
+    }
+
     fn snapshot(&self) -> HistogramSnapshot {
-        let len = self.len.load(Ordering::Relaxed).min(MAX_BOUNDARIES);
+        let len = self.len();
         HistogramSnapshot {
             boundaries: self.boundaries[..len]
                 .iter()
@@ -142,9 +178,18 @@ impl Slot {
     }
 }
 
-/// A live histogram: recorded from any thread without a lock, its
-/// boundaries replaced (and its bins zeroed, as QEMU does) at run time.
-pub struct AtomicHistogram {
+/// Every histogram of the set, in one slot.
+struct Slot {
+    /// Recorders inside this slot now.
+    users: AtomicUsize,
+    histograms: Vec<Cells>,
+}
+
+/// A fixed number of live histograms recorded together: from any thread
+/// without a lock, one request's samples at once (entering a slot once for
+/// all of them); each one's boundaries replaceable at run time (its bins
+/// then start from zero, as QEMU's do).
+pub struct HistogramSet {
     /// The slot recorders use: 0 or 1.
     active: AtomicUsize,
     slots: [Slot; 2],
@@ -153,21 +198,27 @@ pub struct AtomicHistogram {
     control: Mutex<()>,
 }
 
-impl AtomicHistogram {
-    /// `boundaries`: increasing, at most [`MAX_BOUNDARIES`] (checked by
-    /// `choices::Boundaries`; more are cut).
-    pub fn new(boundaries: &[u64]) -> AtomicHistogram {
-        let h = AtomicHistogram {
+impl HistogramSet {
+    /// `count` histograms with `boundaries` (increasing, at most
+    /// [`MAX_BOUNDARIES`]: checked by `choices::Boundaries`; more are cut).
+    pub fn new(count: usize, boundaries: &[u64]) -> HistogramSet {
+        let slot = || Slot {
+            users: AtomicUsize::new(0),
+            histograms: (0..count).map(|_| Cells::new()).collect(),
+        };
+        let set = HistogramSet {
             active: AtomicUsize::new(0),
-            slots: [Slot::new(), Slot::new()],
+            slots: [slot(), slot()],
             control: Mutex::new(()),
         };
-        h.slots[0].fill(&boundaries[..boundaries.len().min(MAX_BOUNDARIES)]);
-        h
+        for h in &set.slots[0].histograms {
+            h.fill(boundaries);
+        }
+        set
     }
 
-    /// Counts one sample.
-    pub fn record(&self, value: u64) {
+    /// Counts `(histogram, value)` samples.
+    pub fn record(&self, samples: &[(usize, u64)]) {
         loop {
             let index = self.active.load(Ordering::SeqCst);
             let slot = &self.slots[index];
@@ -176,8 +227,11 @@ impl AtomicHistogram {
             // meanwhile may be refilling this slot; leave and use the new
             // one. A `set` that checks `users` after this increment waits.
             if self.active.load(Ordering::SeqCst) == index {
-                let bin = slot.bucket(value);
-                slot.bins[bin].fetch_add(1, Ordering::Relaxed);
+                for &(h, value) in samples {
+                    if let Some(cells) = slot.histograms.get(h) {
+                        cells.add(value);
+                    }
+                }
                 slot.users.fetch_sub(1, Ordering::Release);
                 return;
             }
@@ -185,31 +239,57 @@ impl AtomicHistogram {
         }
     }
 
-    /// New boundaries (increasing, at most [`MAX_BOUNDARIES`]), all bins
-    /// zero.
-    pub fn set(&self, boundaries: &[u64]) {
+    /// New boundaries for histogram `which` (or every one), its bins
+    /// zero; the others keep theirs and every sample they counted.
+    pub fn set(&self, which: Option<usize>, boundaries: &[u64]) {
         let _control = self.control.lock().unwrap_or_else(PoisonError::into_inner);
-        let next = 1 - self.active.load(Ordering::SeqCst);
-        let slot = &self.slots[next];
-        // A recorder that took this slot before the last swap is leaving
-        // (it re-checks `active` right after entering); no new one stays.
-        while slot.users.load(Ordering::SeqCst) != 0 {
-            std::thread::yield_now();
+        let current = self.active.load(Ordering::SeqCst);
+        let (now, next) = (&self.slots[current], &self.slots[1 - current]);
+        // A recorder that took `next` before the last swap is leaving (it
+        // re-checks `active` right after entering); no new one stays.
+        wait_empty(next);
+        let mut copied = Vec::new();
+        for (i, (mine, theirs)) in next.histograms.iter().zip(&now.histograms).enumerate() {
+            if which.is_none_or(|w| w == i) {
+                mine.fill(boundaries);
+                copied.push(None);
+            } else {
+                copied.push(Some(mine.copy_from(theirs)));
+            }
         }
-        slot.fill(&boundaries[..boundaries.len().min(MAX_BOUNDARIES)]);
-        self.active.store(next, Ordering::SeqCst);
+        self.active.store(1 - current, Ordering::SeqCst);
+        // Recorders still in the old slot finish there: carry what they
+        // added over once they are out.
+        wait_empty(now);
+        for ((mine, theirs), copied) in next.histograms.iter().zip(&now.histograms).zip(&copied) {
+            if let Some(copied) = copied {
+                mine.catch_up(theirs, copied);
+            }
+        }
     }
 
-    /// The boundaries and bins now.
-    pub fn snapshot(&self) -> HistogramSnapshot {
+    /// Histogram `which` now (empty if there is no such one).
+    pub fn snapshot(&self, which: usize) -> HistogramSnapshot {
         let _control = self.control.lock().unwrap_or_else(PoisonError::into_inner);
-        self.slots[self.active.load(Ordering::SeqCst)].snapshot()
+        self.slots[self.active.load(Ordering::SeqCst)]
+            .histograms
+            .get(which)
+            .map(Cells::snapshot)
+            .unwrap_or_default()
     }
 }
 
-impl std::fmt::Debug for AtomicHistogram {
+fn wait_empty(slot: &Slot) {
+    while slot.users.load(Ordering::SeqCst) != 0 {
+        std::thread::yield_now();
+    }
+}
+
+impl std::fmt::Debug for HistogramSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.snapshot().fmt(f)
+        f.debug_struct("HistogramSet")
+            .field("histograms", &self.slots[0].histograms.len())
+            .finish()
     }
 }
 
@@ -217,6 +297,24 @@ impl std::fmt::Debug for AtomicHistogram {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// A set of one, for the single-histogram tests.
+    struct One(HistogramSet);
+
+    impl One {
+        fn new(boundaries: &[u64]) -> One {
+            One(HistogramSet::new(1, boundaries))
+        }
+        fn record(&self, value: u64) {
+            self.0.record(&[(0, value)]);
+        }
+        fn set(&self, boundaries: &[u64]) {
+            self.0.set(Some(0), boundaries);
+        }
+        fn snapshot(&self) -> HistogramSnapshot {
+            self.0.snapshot(0)
+        }
+    }
 
     #[test]
     fn values_fall_in_half_open_bins() {
@@ -235,7 +333,7 @@ mod tests {
     #[test]
     fn the_atomic_search_agrees_with_the_pure_one() {
         let boundaries: Vec<u64> = choices::DEFAULT_BOUNDARIES_NS.to_vec();
-        let h = AtomicHistogram::new(&boundaries);
+        let h = One::new(&boundaries);
         let mut expected = HistogramSnapshot::empty(&boundaries);
         let mut value = 1u64;
         for i in 0..5000u64 {
@@ -258,7 +356,7 @@ mod tests {
 
     #[test]
     fn setting_boundaries_empties_the_bins() {
-        let h = AtomicHistogram::new(&[10, 20]);
+        let h = One::new(&[10, 20]);
         h.record(5);
         h.record(15);
         h.record(25);
@@ -272,22 +370,47 @@ mod tests {
     }
 
     #[test]
-    fn no_sample_is_misfiled_while_boundaries_change() {
-        // Recorders hammer the histogram while boundaries flip between two
-        // sets; each set sorts the value 50 into a different bin. Every
-        // snapshot must hold only the bin a sample can be in under its own
-        // boundaries.
-        let h = Arc::new(AtomicHistogram::new(&[10, 100]));
+    fn setting_one_histogram_keeps_the_others() {
+        let set = HistogramSet::new(3, &[10, 20]);
+        set.record(&[(0, 5), (1, 15), (2, 25), (7, 1)]);
+        set.set(Some(1), &[100]);
+        set.record(&[(0, 15), (1, 150)]);
+        assert_eq!(set.snapshot(0).bins, [1, 1, 0]);
+        assert_eq!(
+            set.snapshot(1),
+            HistogramSnapshot {
+                boundaries: vec![100],
+                bins: vec![0, 1]
+            }
+        );
+        assert_eq!(set.snapshot(2).bins, [0, 0, 1]);
+        set.set(Some(2), &[1]);
+        set.set(None, &[50]);
+        assert_eq!(set.snapshot(0), HistogramSnapshot::empty(&[50]));
+        assert_eq!(set.snapshot(9), HistogramSnapshot::default());
+    }
+
+    #[test]
+    fn no_sample_is_lost_or_misfiled_while_boundaries_change() {
+        // Recorders hammer two histograms while the second one's boundaries
+        // flip between two sets, each sorting the value 50 into another
+        // bin. Every snapshot holds only the bin a sample can be in under
+        // its own boundaries; the first histogram, never set, loses no
+        // sample across the swaps.
+        let set = Arc::new(HistogramSet::new(2, &[10, 100]));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let recorded = Arc::new(AtomicU64::new(0));
         let recorders: Vec<_> = (0..3)
             .map(|_| {
-                let (h, stop, recorded) = (h.clone(), stop.clone(), recorded.clone());
+                let (set, stop, recorded) = (set.clone(), stop.clone(), recorded.clone());
                 std::thread::spawn(move || {
+                    let mut n = 0u64;
                     while !stop.load(Ordering::Relaxed) {
-                        h.record(50);
+                        set.record(&[(0, 50), (1, 50)]);
                         recorded.fetch_add(1, Ordering::Relaxed);
+                        n += 1;
                     }
+                    n
                 })
             })
             .collect();
@@ -305,8 +428,8 @@ mod tests {
             } else {
                 &[10, 100]
             };
-            h.set(boundaries);
-            let s = h.snapshot();
+            set.set(Some(1), boundaries);
+            let s = set.snapshot(1);
             let expected_bin = bucket_of(&s.boundaries, 50);
             for (i, &n) in s.bins.iter().enumerate() {
                 assert!(i == expected_bin || n == 0, "{s:?}");
@@ -314,15 +437,8 @@ mod tests {
             round += 1;
         }
         stop.store(true, Ordering::Relaxed);
-        for r in recorders {
-            r.join().unwrap();
-        }
-        // Once the recorders are done, every sample is where it belongs.
-        h.set(&[60]);
-        for _ in 0..1000 {
-            h.record(50);
-        }
-        assert_eq!(h.snapshot().bins, [1000, 0]);
+        let total: u64 = recorders.into_iter().map(|r| r.join().unwrap()).sum();
+        assert_eq!(set.snapshot(0).bins, [0, total, 0]);
     }
 
     #[test]

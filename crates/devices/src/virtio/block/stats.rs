@@ -13,7 +13,7 @@ use std::sync::{Mutex, PoisonError};
 use choices::{Boundaries, LatencyHistogram};
 
 use super::counters::{DiskCounters, KindCounters, Outcome, RequestKind, Stage, StageCounters};
-use super::histogram::AtomicHistogram;
+use super::histogram::HistogramSet;
 
 /// Now on CLOCK_MONOTONIC, ns: one clock for every thread of the VMM, so
 /// stamps taken on different threads subtract.
@@ -109,7 +109,6 @@ struct KindCells {
 
 #[derive(Default)]
 struct StageCells {
-    count: AtomicU64,
     total_ns: AtomicU64,
     max_ns: AtomicU64,
 }
@@ -118,8 +117,10 @@ struct StageCells {
 struct QueueShare {
     kinds: [KindCells; 6],
     stages: [StageCells; 4],
+    /// Requests counted: every stage's count.
+    requests: AtomicU64,
     /// By `LatencyHistogram::ALL`.
-    histograms: Vec<AtomicHistogram>,
+    histograms: HistogramSet,
 }
 
 impl QueueShare {
@@ -131,15 +132,9 @@ impl QueueShare {
         QueueShare {
             kinds,
             stages: Default::default(),
-            histograms: LatencyHistogram::ALL
-                .iter()
-                .map(|_| AtomicHistogram::new(boundaries))
-                .collect(),
+            requests: AtomicU64::new(0),
+            histograms: HistogramSet::new(LatencyHistogram::ALL.len(), boundaries),
         }
-    }
-
-    fn histogram(&self, which: LatencyHistogram) -> &AtomicHistogram {
-        &self.histograms[histogram_index(which)]
     }
 
     fn record(&self, r: &RequestRecord) {
@@ -155,18 +150,22 @@ impl QueueShare {
             Outcome::Invalid => add(&k.invalid, 1),
         }
         add(&k.total_ns, service);
-        k.min_ns.fetch_min(service, Ordering::Relaxed);
-        k.max_ns.fetch_max(service, Ordering::Relaxed);
-        if let Some(h) = r.kind.histogram() {
-            self.histogram(h).record(service);
-        }
-        for (stage, ns) in Stage::ALL.iter().zip(r.times.durations()) {
+        lower_to(&k.min_ns, service);
+        raise_to(&k.max_ns, service);
+        add(&self.requests, 1);
+        // One sample per stage, and the kind's (Other has no histogram:
+        // its slot is past the end and skipped).
+        let mut samples = [(usize::MAX, 0); 5];
+        for (i, (stage, ns)) in Stage::ALL.iter().zip(r.times.durations()).enumerate() {
             let s = &self.stages[*stage as usize];
-            add(&s.count, 1);
             add(&s.total_ns, ns);
-            s.max_ns.fetch_max(ns, Ordering::Relaxed);
-            self.histogram(stage.histogram()).record(ns);
+            raise_to(&s.max_ns, ns);
+            samples[i] = (histogram_index(stage.histogram()), ns);
         }
+        if let Some(h) = r.kind.histogram() {
+            samples[4] = (histogram_index(h), service);
+        }
+        self.histograms.record(&samples);
     }
 
     fn snapshot(&self) -> DiskCounters {
@@ -182,16 +181,18 @@ impl QueueShare {
                 total_time_ns: get(&k.total_ns),
                 min_ns: if ops == 0 { 0 } else { get(&k.min_ns) },
                 max_ns: get(&k.max_ns),
-                histogram: kind.histogram().map(|h| self.histogram(h).snapshot()),
+                histogram: kind
+                    .histogram()
+                    .map(|h| self.histograms.snapshot(histogram_index(h))),
             }
         };
         let stage = |stage: Stage| {
             let s = &self.stages[stage as usize];
             StageCounters {
-                count: get(&s.count),
+                count: get(&self.requests),
                 total_ns: get(&s.total_ns),
                 max_ns: get(&s.max_ns),
-                histogram: self.histogram(stage.histogram()).snapshot(),
+                histogram: self.histograms.snapshot(histogram_index(stage.histogram())),
             }
         };
         DiskCounters {
@@ -204,10 +205,22 @@ impl QueueShare {
 }
 
 fn histogram_index(which: LatencyHistogram) -> usize {
-    LatencyHistogram::ALL
-        .iter()
-        .position(|h| *h == which)
-        .expect("ALL lists every histogram")
+    which as usize
+}
+
+/// `max` of a counter and `value`: a plain load first, since most samples
+/// are not a new maximum (no locked instruction then).
+fn raise_to(cell: &AtomicU64, value: u64) {
+    if value > cell.load(Ordering::Relaxed) {
+        cell.fetch_max(value, Ordering::Relaxed);
+    }
+}
+
+/// `min` likewise.
+fn lower_to(cell: &AtomicU64, value: u64) {
+    if value < cell.load(Ordering::Relaxed) {
+        cell.fetch_min(value, Ordering::Relaxed);
+    }
 }
 
 /// A disk's statistics, shared by its queue threads (which record) and
@@ -239,7 +252,7 @@ impl DiskStats {
     /// A request was taken off the available ring.
     pub fn dequeued(&self) {
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        self.max_queue_depth.fetch_max(now, Ordering::Relaxed);
+        raise_to(&self.max_queue_depth, now);
     }
 
     /// A request taken off queue `queue`'s ring is in the used ring: count
@@ -266,11 +279,9 @@ impl DiskStats {
     pub fn set_boundaries(&self, which: Option<LatencyHistogram>, boundaries: &Boundaries) {
         let _control = self.control.lock().unwrap_or_else(PoisonError::into_inner);
         for queue in &self.queues {
-            for h in LatencyHistogram::ALL {
-                if which.is_none_or(|w| w == *h) {
-                    queue.histogram(*h).set(boundaries.as_ns());
-                }
-            }
+            queue
+                .histograms
+                .set(which.map(histogram_index), boundaries.as_ns());
         }
     }
 
@@ -418,6 +429,13 @@ mod tests {
         let c = stats.snapshot();
         for s in &c.stages {
             assert_eq!(s.histogram.boundaries, [10_000, 1_000_000]);
+        }
+    }
+
+    #[test]
+    fn histograms_are_indexed_in_their_listed_order() {
+        for (i, h) in LatencyHistogram::ALL.iter().enumerate() {
+            assert_eq!(histogram_index(*h), i);
         }
     }
 
