@@ -482,6 +482,8 @@ fn disk_counters_add_up_to_what_the_guest_did() {
 
     // The table names the disk and its kinds.
     let (ok, table) = ctl(&socket, &["counters"]);
+    // For the record (--nocapture): where the time went.
+    println!("{table}");
     assert!(
         ok && table.starts_with("disk0") && table.contains("  read "),
         "{table}"
