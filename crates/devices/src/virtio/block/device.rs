@@ -31,7 +31,7 @@ use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::io::{AlignedBuf, DiskBackend, FileDisk};
+use super::io::{AlignedBuf, DiskBackend, FileDisk, Locking};
 use super::metrics::{add, BlockMetrics, Metrics};
 use super::request::{
     process_chain_counted, RequestContext, DISCARD_SECTOR_ALIGNMENT, MAX_DISCARD_SECTORS,
@@ -107,10 +107,16 @@ impl Block {
     /// Opens the image of `config` (see [`FileDisk::open`] for what is
     /// checked). The device is named after `config.id`, or "disk".
     pub fn new(config: BlockConfig) -> Result<Block, BlockError> {
+        Block::open(config, Locking::Now)
+    }
+
+    /// [`Block::new`], locking the image now or later (see
+    /// [`FileDisk::lock_image`]).
+    pub fn open(config: BlockConfig, locking: Locking) -> Result<Block, BlockError> {
         if let Some(cpus) = &config.iothread_affinity {
             cpus.check_allowed().map_err(BlockError::Affinity)?;
         }
-        let disk = Arc::new(FileDisk::open(&config)?);
+        let disk = Arc::new(FileDisk::open_with(&config, locking)?);
         tracing::info!(
             "disk {}: {} bytes, cache={}, {}",
             config.path.display(),
@@ -184,6 +190,12 @@ impl Block {
         self.file.as_deref()
     }
 
+    /// The opened image, for the VMM to flush, lock and unlock it around
+    /// migrations and snapshots.
+    pub fn shared_disk(&self) -> Option<Arc<FileDisk>> {
+        self.file.clone()
+    }
+
     /// Whether the queue is being served.
     pub fn is_active(&self) -> bool {
         self.lifecycle.is_active()
@@ -191,7 +203,13 @@ impl Block {
 
     /// The request counters so far.
     pub fn metrics(&self) -> BlockMetrics {
-        self.metrics.snapshot()
+        let mut m = self.metrics.snapshot();
+        if let Some(file) = &self.file {
+            let f = file.flush_failures();
+            m.failed_syncs = f.failed_syncs;
+            m.refused_flushes = f.refused_flushes;
+        }
+        m
     }
 
     /// The statistics (per kind and stage, histograms), live: the VMM

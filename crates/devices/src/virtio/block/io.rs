@@ -14,8 +14,10 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::lock::{ImageLock, LockError};
+use super::sticky::{FlushFailures, StickyFlush};
 use super::{BlockConfig, BlockError, CacheMode, SECTOR_SIZE, SERIAL_LEN};
 
 /// Alignment of [`AlignedBuf`]: enough for O_DIRECT on any common device
@@ -112,6 +114,20 @@ pub struct FileDisk {
     /// The usable size: the image size rounded down to whole sectors.
     size: u64,
     serial: [u8; SERIAL_LEN],
+    /// QEMU-compatible OFD locks on `file` (see [`super::lock`]).
+    image_lock: Mutex<ImageLock>,
+    /// Whether an earlier sync failed (see [`super::sticky`]).
+    sticky: StickyFlush,
+}
+
+/// When [`FileDisk::open_with`] locks the image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Locking {
+    /// At once: the image is refused if another user is in the way.
+    Now,
+    /// Later, with [`FileDisk::lock_image`]: a migration's destination
+    /// takes the image over from a source that may still hold it.
+    Deferred,
 }
 
 enum Guard<'a> {
@@ -129,9 +145,14 @@ fn is_unsupported(e: &io::Error) -> bool {
 
 impl FileDisk {
     /// Opens the image of `config`: checks what it is, opens it with the
-    /// cache mode's flags, locks it against other VMMs (shared when
-    /// read-only), and measures it.
+    /// cache mode's flags, locks it against other VMMs and QEMU (shared
+    /// when read-only), and measures it.
     pub fn open(config: &BlockConfig) -> Result<FileDisk, BlockError> {
+        FileDisk::open_with(config, Locking::Now)
+    }
+
+    /// [`FileDisk::open`], locking now or later.
+    pub fn open_with(config: &BlockConfig, locking: Locking) -> Result<FileDisk, BlockError> {
         let path = &config.path;
         let io_err = |what, source| BlockError::Io {
             path: path.clone(),
@@ -174,13 +195,12 @@ impl FileDisk {
         };
         let direct = config.cache == CacheMode::None;
         let file = open(direct).map_err(|e| open_error(config, e))?;
-        lock(&file, config.readonly).map_err(|e| {
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                BlockError::Locked(path.clone())
-            } else {
-                io_err("cannot lock it", e)
+        let image_lock = match locking {
+            Locking::Now => {
+                ImageLock::acquire(&file, config.readonly).map_err(|e| lock_error(path, e))?
             }
-        })?;
+            Locking::Deferred => ImageLock::deferred(config.readonly),
+        };
         // SEEK_END also measures block devices, whose metadata length is 0.
         let raw_size = (&file)
             .seek(SeekFrom::End(0))
@@ -223,7 +243,46 @@ impl FileDisk {
             readonly: config.readonly,
             size,
             serial,
+            image_lock: Mutex::new(image_lock),
+            sticky: StickyFlush::default(),
         })
+    }
+
+    /// Takes the image's locks if they are not held (a migration's
+    /// destination at the switch-over, a source whose migration failed).
+    pub fn lock_image(&self) -> Result<(), BlockError> {
+        self.image_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .reacquire(&self.file)
+            .map_err(|e| lock_error(&self.path, e))
+    }
+
+    /// Lets go of the image's locks (a migration's source, once it has
+    /// flushed and before the destination may write).
+    pub fn unlock_image(&self) -> Result<(), BlockError> {
+        self.image_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .release(&self.file)
+            .map_err(|e| BlockError::Io {
+                path: self.path.clone(),
+                what: "cannot unlock it",
+                source: e,
+            })
+    }
+
+    /// Whether this hakoniwa holds the image's locks.
+    pub fn is_locked(&self) -> bool {
+        self.image_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_held()
+    }
+
+    /// Failed syncs and the flushes refused after them.
+    pub fn flush_failures(&self) -> FlushFailures {
+        self.sticky.failures()
     }
 
     /// The image's path.
@@ -361,7 +420,9 @@ impl DiskBackend for FileDisk {
             CacheMode::Unsafe => Ok(false),
             // fdatasync acts on the inode: it also covers what went through
             // the buffered descriptor.
-            CacheMode::Writeback | CacheMode::None => self.file.sync_data().map(|()| true),
+            CacheMode::Writeback | CacheMode::None => {
+                self.sticky.run(|| self.file.sync_data()).map(|()| true)
+            }
         }
     }
 
@@ -425,19 +486,18 @@ pub(crate) fn open_error(config: &BlockConfig, e: io::Error) -> BlockError {
     }
 }
 
-/// Takes the advisory lock that keeps two VMMs from writing one image.
-fn lock(file: &File, shared: bool) -> io::Result<()> {
-    let op = if shared { libc::LOCK_SH } else { libc::LOCK_EX };
-    loop {
-        // SAFETY: flock only acts on the descriptor we own.
-        let r = unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) };
-        if r == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
+/// Names why the image of `path` could not be locked.
+fn lock_error(path: &Path, e: LockError) -> BlockError {
+    match e {
+        LockError::Conflict(conflict) => BlockError::Locked {
+            path: path.to_path_buf(),
+            conflict,
+        },
+        LockError::Io(source) => BlockError::Io {
+            path: path.to_path_buf(),
+            what: "cannot lock it",
+            source,
+        },
     }
 }
 

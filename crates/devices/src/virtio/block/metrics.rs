@@ -23,6 +23,10 @@ pub struct BlockMetrics {
     pub syncs: u64,
     /// Requests that did not complete with VIRTIO_BLK_S_OK.
     pub errors: u64,
+    /// fdatasync calls that failed (the image's flushes fail from then on).
+    pub failed_syncs: u64,
+    /// Flushes failed without syncing because an earlier sync failed.
+    pub refused_flushes: u64,
     /// Requests completed (put in the used ring).
     pub completed: u64,
     /// Sum of the time from taking each request off the available ring to
@@ -65,6 +69,8 @@ impl Metrics {
             write_bytes: get(&self.write_bytes),
             syncs: get(&self.syncs),
             errors: get(&self.errors),
+            failed_syncs: 0,
+            refused_flushes: 0,
             completed: get(&self.completed),
             latency_us_sum: get(&self.latency_us_sum),
         }

@@ -16,6 +16,8 @@
 //!   queue threads from each request's [`StageTimes`]; [`counters`] the
 //!   values read and how queues add up, [`histogram`] the latency
 //!   histograms with settable boundaries.
+//! - [`lock`]: image locking in QEMU's byte-lock scheme;
+//! - [`sticky`]: a failed flush fails every later one.
 //!
 //! The VMM builds a disk from `--disk` text with
 //! `Block::new(text.parse::<BlockConfig>()?)?` (naming it with
@@ -35,9 +37,11 @@ pub mod counters;
 pub mod device;
 pub mod histogram;
 pub mod io;
+pub mod lock;
 pub mod metrics;
 pub mod request;
 pub mod stats;
+pub mod sticky;
 
 #[cfg(test)]
 mod tests;
@@ -52,7 +56,7 @@ use crate::options::{invalid, Options, OptionsError};
 pub use counters::{DiskCounters, KindCounters, Outcome, RequestKind, Stage, StageCounters};
 pub use device::{Block, BlockState};
 pub use histogram::HistogramSnapshot;
-pub use io::{AlignedBuf, DiskBackend, FileDisk, MemDisk};
+pub use io::{AlignedBuf, DiskBackend, FileDisk, Locking, MemDisk};
 pub use metrics::BlockMetrics;
 pub use request::{
     process_chain, process_chain_counted, Processed, Request, RequestContext, RequestError,
@@ -199,8 +203,11 @@ pub enum BlockError {
     },
     #[error("disk image {0}: its file system does not support O_DIRECT (cache=none); use cache=writeback")]
     DirectIoUnsupported(PathBuf),
-    #[error("disk image {0} is in use by another process (it is locked)")]
-    Locked(PathBuf),
+    #[error("disk image {path} is {conflict}")]
+    Locked {
+        path: PathBuf,
+        conflict: lock::Conflict,
+    },
     #[error("disk image {path}: {what}: {source}")]
     Io {
         path: PathBuf,

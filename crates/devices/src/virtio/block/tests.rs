@@ -983,11 +983,19 @@ fn an_image_in_use_for_writing_is_locked() {
     let image = TempImage::new(&[0; 4096]);
     let first = Block::new(image.config()).unwrap();
     let err = Block::new(image.config()).unwrap_err();
-    assert!(matches!(err, BlockError::Locked(_)), "{err}");
-    assert!(err.to_string().contains("in use by another process"));
+    assert!(matches!(err, BlockError::Locked { .. }), "{err}");
+    assert!(
+        err.to_string().ends_with(
+            " is in use by another hakoniwa (read-write; its lock refuses us the \"write\" lock)"
+        ),
+        "{err}"
+    );
     let mut ro = image.config();
     ro.readonly = true;
-    assert!(matches!(Block::new(ro.clone()), Err(BlockError::Locked(_))));
+    assert!(matches!(
+        Block::new(ro.clone()),
+        Err(BlockError::Locked { .. })
+    ));
     drop(first);
     // Readers share it.
     let a = Block::new(ro.clone()).unwrap();

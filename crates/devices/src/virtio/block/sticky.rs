@@ -1,0 +1,133 @@
+//! A failed flush stays failed: [`StickyFlush`].
+//!
+//! When writeback of dirty pages fails, Linux reports the error to the
+//! next `fsync`/`fdatasync` of each open file once (errseq), marks the
+//! pages clean and forgets them: a later `fdatasync` succeeds although the
+//! data never reached the disk. A guest told "flushed" then would trust
+//! lost data, so after one failure every later FLUSH fails too
+//! (VIRTIO_BLK_S_IOERR) until the image is opened again — QEMU does the
+//! same (block/file-posix.c, `page_cache_inconsistent`). QEMU skips it
+//! with O_DIRECT; hakoniwa's cache=none also writes unaligned requests
+//! through the page cache, so it is sticky in every mode that syncs.
+//!
+//! The engine that runs the sync (a thread today, an io_uring fsync
+//! tomorrow) asks [`StickyFlush::refusal`] before syncing and reports
+//! the outcome with [`StickyFlush::record`].
+
+use std::io;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+
+/// The flush health of one open image.
+#[derive(Debug, Default)]
+pub struct StickyFlush {
+    /// The errno of the first failed sync, 0 while none failed.
+    errno: AtomicI32,
+    /// Syncs that failed.
+    failed: AtomicU64,
+    /// Flushes refused without syncing because an earlier one failed.
+    refused: AtomicU64,
+}
+
+/// The counters of a [`StickyFlush`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushFailures {
+    /// fdatasync calls that failed.
+    pub failed_syncs: u64,
+    /// Flushes failed without syncing because an earlier sync had failed.
+    pub refused_flushes: u64,
+}
+
+impl StickyFlush {
+    /// The error a flush must fail with without syncing, if an earlier
+    /// sync failed (and counts it).
+    pub fn refusal(&self) -> Option<io::Error> {
+        match self.errno.load(Ordering::SeqCst) {
+            0 => None,
+            errno => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Some(io::Error::from_raw_os_error(errno))
+            }
+        }
+    }
+
+    /// Takes the outcome of a sync: a failure makes every later flush fail.
+    pub fn record(&self, result: io::Result<()>) -> io::Result<()> {
+        if let Err(e) = &result {
+            let errno = e.raw_os_error().filter(|&n| n != 0).unwrap_or(libc::EIO);
+            // The first error is the one reported from then on.
+            let _ = self
+                .errno
+                .compare_exchange(0, errno, Ordering::SeqCst, Ordering::SeqCst);
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Runs `sync` unless an earlier one failed, and records its outcome.
+    pub fn run(&self, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+        if let Some(e) = self.refusal() {
+            return Err(e);
+        }
+        self.record(sync())
+    }
+
+    /// Whether flushes fail from now on.
+    pub fn is_failed(&self) -> bool {
+        self.errno.load(Ordering::SeqCst) != 0
+    }
+
+    /// The counters.
+    pub fn failures(&self) -> FlushFailures {
+        FlushFailures {
+            failed_syncs: self.failed.load(Ordering::Relaxed),
+            refused_flushes: self.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn one_failed_sync_fails_every_later_flush_without_syncing() {
+        let sticky = StickyFlush::default();
+        let syncs = Cell::new(0);
+        let ok = || {
+            syncs.set(syncs.get() + 1);
+            Ok(())
+        };
+        sticky.run(ok).unwrap();
+        let e = sticky
+            .run(|| Err(io::Error::from_raw_os_error(libc::EIO)))
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        assert!(sticky.is_failed());
+        for _ in 0..3 {
+            // Linux would now report success: the pages are marked clean.
+            let e = sticky.run(ok).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        }
+        assert_eq!(syncs.get(), 1, "no sync after the failure");
+        assert_eq!(
+            sticky.failures(),
+            FlushFailures {
+                failed_syncs: 1,
+                refused_flushes: 3
+            }
+        );
+    }
+
+    #[test]
+    fn the_first_errno_is_kept() {
+        let sticky = StickyFlush::default();
+        let _ = sticky.record(Err(io::Error::from_raw_os_error(libc::ENOSPC)));
+        let _ = sticky.record(Err(io::Error::from_raw_os_error(libc::EIO)));
+        assert_eq!(sticky.refusal().unwrap().raw_os_error(), Some(libc::ENOSPC));
+        // An error without an errno counts as EIO.
+        let other = StickyFlush::default();
+        let _ = other.record(Err(io::Error::other("lost")));
+        assert_eq!(other.refusal().unwrap().raw_os_error(), Some(libc::EIO));
+    }
+}
