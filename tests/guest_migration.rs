@@ -1,9 +1,10 @@
 //! Live migration between two hakoniwa processes on one host
 //! (docs/migration.md): the guest's memory is the same after each mode
 //! (a checksum computed inside the guest before and after), the guest
-//! keeps running through it (a counter), a migrated-in VM can migrate
-//! again, and the failure cases end with one clear line and lose nothing
-//! that was not already gone.
+//! keeps running through it (a counter), its disk, one image both sides
+//! share, has what the guest wrote before each migration, a migrated-in
+//! VM can migrate again, and the failure cases end with one clear line
+//! and lose nothing that was not already gone.
 //!
 //! `#[ignore]`d like the other guest tests; `scripts/test` runs them in
 //! the rig.
@@ -45,6 +46,41 @@ fn start_workload(vmm: &mut Vmm) -> String {
     let sum = out.trim().to_string();
     assert_eq!(sum.len(), 32, "{out}");
     sum
+}
+
+/// A fresh sparse 16 MiB raw image in the temporary directory, the disk
+/// every VM of a migration chain shares.
+fn shared_image(name: &str) -> String {
+    let path = std::env::temp_dir().join(format!("hakoniwa-{name}-{}.img", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(16 << 20).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// Writes 256 KiB of random data to the guest's disk at `kib` KiB with
+/// O_DIRECT and no flush (what reaches the device without the guest
+/// asking for durability); returns its checksum.
+fn write_disk(vmm: &mut Vmm, kib: u64) -> String {
+    let out = vmm.shell(&format!(
+        "dd if=/dev/urandom of=/tmp/chunk bs=4096 count=64 2>/dev/null; \
+         dd if=/tmp/chunk of=/dev/vda bs=4096 seek={} oflag=direct 2>/dev/null; \
+         md5sum /tmp/chunk | cut -d' ' -f1",
+        kib / 4
+    ));
+    let sum = out.trim().to_string();
+    assert_eq!(sum.len(), 32, "{out}");
+    sum
+}
+
+/// The checksum of the guest's disk's 256 KiB at `kib` KiB, read from the
+/// device (the guest's page cache dropped first: it came with its RAM).
+fn read_disk(vmm: &mut Vmm, kib: u64) -> String {
+    vmm.shell(&format!(
+        "echo 3 > /proc/sys/vm/drop_caches; dd if=/dev/vda bs=4096 skip={} count=64 2>/dev/null | md5sum | cut -d' ' -f1",
+        kib / 4
+    ))
+    .trim()
+    .to_string()
 }
 
 fn counter(vmm: &mut Vmm) -> u64 {
@@ -92,20 +128,31 @@ fn precopy_then_postcopy_then_hybrid_keep_the_guest_and_its_memory() {
         temp_socket("mig-c"),
         temp_socket("mig-d"),
     );
+    // One disk image for every VM of the chain: each destination starts
+    // while its source has the image open and locked, and locks it only
+    // at the switch-over, once the source has flushed and let go.
+    let image = shared_image("mig-disk");
+    let disk = format!("path={image}");
+    let mut flags = FLAGS.to_vec();
+    flags.extend_from_slice(&["--disk", &disk]);
+    let flags = flags.as_slice();
     let mut args = vec!["run", "--api-socket", &s1];
-    args.extend_from_slice(FLAGS);
+    args.extend_from_slice(flags);
     let mut a = Vmm::spawn(&args);
     a.wait_for(PROMPT);
     let sum = start_workload(&mut a);
+    let disk_a = write_disk(&mut a, 0);
     let before = counter(&mut a);
 
     // Precopy: the whole of RAM while the guest runs, then the rest.
     let port = free_port();
-    let mut b = destination(port, &s2, FLAGS);
+    let mut b = destination(port, &s2, flags);
     let (ok, out) = migrate(&s1, port, "precopy", &["--verify-pages"]);
     assert!(ok, "precopy: {out}\n{}", a.stderr());
     assert!(out.contains("migration completed"), "{out}");
     check_arrived(&mut a, &mut b, &sum, before);
+    assert_eq!(read_disk(&mut b, 0), disk_a, "the disk after precopy");
+    let disk_b = write_disk(&mut b, 256);
     let r = report(&s2);
     check_verified(&r, 131072);
     assert_eq!(r["phase"], "completed", "{r}");
@@ -118,7 +165,7 @@ fn precopy_then_postcopy_then_hybrid_keep_the_guest_and_its_memory() {
     // background push: pages come only when the guest touches them.
     let before = counter(&mut b);
     let port = free_port();
-    let mut c = destination(port, &s3, FLAGS);
+    let mut c = destination(port, &s3, flags);
     let (ok, out) = migrate(
         &s2,
         port,
@@ -127,6 +174,9 @@ fn precopy_then_postcopy_then_hybrid_keep_the_guest_and_its_memory() {
     );
     assert!(ok, "postcopy: {out}\n{}", b.stderr());
     check_arrived(&mut b, &mut c, &sum, before);
+    assert_eq!(read_disk(&mut c, 0), disk_a, "the disk after postcopy");
+    assert_eq!(read_disk(&mut c, 256), disk_b, "the disk after postcopy");
+    let disk_c = write_disk(&mut c, 512);
     let r = report(&s3);
     check_verified(&r, 131072);
     // A report of the migrated-in guest says where its pages came from.
@@ -180,7 +230,7 @@ fn precopy_then_postcopy_then_hybrid_keep_the_guest_and_its_memory() {
     c.shell("(while :; do cp /dev/shm/blob /dev/shm/churn; done) & true");
     let before = counter(&mut c);
     let port = free_port();
-    let mut d = destination(port, &s4, FLAGS);
+    let mut d = destination(port, &s4, flags);
     // The bandwidth cap keeps the link slower than the guest's copying,
     // however fast the rig's loopback is today.
     let (ok, out) = migrate(
@@ -204,8 +254,20 @@ fn precopy_then_postcopy_then_hybrid_keep_the_guest_and_its_memory() {
     check_verified(&r, 131072);
     assert_eq!(r["phase"], "completed", "{r}");
     assert!(r["pages"]["precopy"].as_u64().unwrap() >= 131072, "{r}");
+    assert_eq!(read_disk(&mut d, 512), disk_c, "the disk after hybrid");
     d.send("poweroff\n");
     assert_eq!(d.wait_exit(Duration::from_secs(60)).code(), Some(0));
+    // And the image itself has all three.
+    let bytes = std::fs::read(&image).unwrap();
+    for (kib, sum) in [(0, &disk_a), (256, &disk_b), (512, &disk_c)] {
+        let at = kib << 10;
+        assert_eq!(
+            &md5_hex(&bytes[at..at + (256 << 10)]),
+            sum,
+            "image at {kib} KiB"
+        );
+    }
+    std::fs::remove_file(&image).unwrap();
 }
 
 #[test]

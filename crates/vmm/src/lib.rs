@@ -15,6 +15,8 @@
 //! - [`mmu`], [`stats`]: the shadow-paging budget and KVM's statistics;
 //! - [`metrics`]: the periodic metrics file (`--metrics`);
 //! - [`snapshot`]: saving a VM to a file and restoring it (`--restore`);
+//! - [`disks`]: disk images flushed, locked and handed over around
+//!   snapshots and migrations;
 //! - [`migration`]: live migration (`ctl migrate`, `run --incoming`);
 //! - [`dump`]: failure reports (`run --dump-dir`, `ctl dump`);
 //! - [`isolation`]: the isolation check of the pinned CPUs (`ctl isolation`).
@@ -32,6 +34,7 @@ pub mod console;
 pub mod controller;
 pub mod counters;
 pub mod cpus;
+pub mod disks;
 pub mod display;
 pub mod dump;
 pub mod event;

@@ -22,7 +22,7 @@ use devices::pci::{
 };
 use devices::vfio::{GuestMapper, HostDevice, VfioPciDevice};
 use devices::virtio::balloon::{Balloon, BalloonControl};
-use devices::virtio::block::{Block, BlockConfig};
+use devices::virtio::block::{Block, BlockConfig, Locking};
 use devices::virtio::input::{Input, InputControl};
 use devices::virtio::net::Net;
 use devices::virtio::pci::{VirtioPciDevice, VirtioPciState, BAR_SIZE};
@@ -404,23 +404,34 @@ pub struct VirtioDevices {
     pub inputs: Vec<Arc<InputControl>>,
     /// Disks and network devices by id.
     pub counted: Vec<(String, CountedDevice)>,
+    /// The disk images, for flushing and locking around migrations.
+    pub disks: crate::disks::Disks,
 }
 
 /// Builds the virtio devices the command line asks for, before any KVM work,
-/// so a bad option or a missing disk image is reported first.
-pub fn create_virtio_devices(config: &VirtioConfig) -> Result<VirtioDevices, Error> {
+/// so a bad option or a missing disk image is reported first. Disk images
+/// are locked as `locking` says (see [`crate::disks`]).
+pub fn create_virtio_devices(
+    config: &VirtioConfig,
+    locking: Locking,
+) -> Result<VirtioDevices, Error> {
     let option_error =
         |flag: &str, e: &dyn std::fmt::Display| Error::Device(flag.to_string(), e.to_string());
     let mut out = VirtioDevices::default();
+    let mut blocks = Vec::new();
     for (index, options) in config.disks.iter().enumerate() {
         let disk_config: BlockConfig = options.parse().map_err(|e| option_error("--disk", &e))?;
         let named = disk_config.id.is_some();
-        let mut disk = Block::new(disk_config).map_err(|e| option_error("--disk", &e))?;
+        let mut disk = Block::open(disk_config, locking).map_err(|e| option_error("--disk", &e))?;
         if !named {
             disk.set_name(format!("disk{index}"));
         }
         out.counted
             .push((disk.id().to_string(), CountedDevice::Disk(disk.stats())));
+        blocks.push(disk);
+    }
+    out.disks = crate::disks::Disks::of(&blocks);
+    for disk in blocks {
         out.devices.push(Box::new(disk));
     }
     for (index, options) in config.nets.iter().enumerate() {

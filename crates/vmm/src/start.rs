@@ -12,6 +12,7 @@ use kvm_ioctls::VcpuFd;
 
 use crate::boot::{check_boot_files, load_boot_images, BootEntry, BootProtocol};
 use crate::config::VmConfig;
+use crate::disks::Disks;
 use crate::display::{boot_framebuffer, Framebuffer};
 use crate::memory::MemoryManager;
 use crate::migration::destination::Received;
@@ -40,6 +41,9 @@ pub struct Target<'a> {
     pub framebuffer: Option<&'a Framebuffer>,
     /// The command line a boot gives the kernel.
     pub cmdline: &'a str,
+    /// The disk images: a migration's destination locks them when the
+    /// state arrives.
+    pub disks: &'a Disks,
 }
 
 /// What `vm.info` and the next snapshot say about how the guest booted.
@@ -134,7 +138,7 @@ impl Start {
                     String::new(),
                     String::new(),
                 );
-                let mut received = incoming.receive(ram, &machine)?;
+                let mut received = incoming.receive(ram, &machine, &|| target.disks.lock())?;
                 let loaded = continue_saved(target, &mut received.snapshot)?;
                 Ok(Loaded {
                     received: Some(received),

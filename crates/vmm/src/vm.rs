@@ -89,7 +89,10 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     let display_config = parse_display(config)?;
     let passthrough = PassthroughPlan::check(config)?;
     let start = Start::prepare(config)?;
-    let mut virtio = create_virtio_devices(&virtio_options(config, display_config.as_ref()))?;
+    let mut virtio = create_virtio_devices(
+        &virtio_options(config, display_config.as_ref()),
+        crate::disks::locking(config.incoming.is_some()),
+    )?;
     let metrics_sink = open_metrics(config)?;
 
     let (events, ending) = channel();
@@ -107,6 +110,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         platform: &platform,
         framebuffer: framebuffer.as_deref(),
         cmdline: &cmdline,
+        disks: &virtio.disks,
     })?;
     let display = match &framebuffer {
         Some(fb) => Some(fb.start_display(&virtio.inputs)?),
@@ -140,6 +144,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
             display: display.as_ref().map(|d| d.control()),
             balloon: virtio.balloon.clone(),
             counters: Arc::new(VmCounters::new(std::mem::take(&mut virtio.counted))),
+            disks: virtio.disks.clone(),
             pauser,
             inspector: inspector.clone(),
         },
@@ -209,6 +214,7 @@ struct Parts {
     display: Option<Arc<DisplayControl>>,
     balloon: Option<Arc<BalloonControl>>,
     counters: Arc<VmCounters>,
+    disks: crate::disks::Disks,
     pauser: Arc<VcpuPauser>,
     inspector: Arc<Inspector>,
 }
@@ -385,6 +391,7 @@ fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
         display,
         balloon,
         counters,
+        disks,
         pauser,
         inspector,
     } = parts;
@@ -412,6 +419,7 @@ fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
             msr_indices,
         )
         .with_virtio(platform.virtio.clone())
+        .with_disks(disks)
         .with_framebuffer(framebuffer),
     );
     let migrations = Arc::new(MigrationReports {

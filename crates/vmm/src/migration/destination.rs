@@ -60,10 +60,14 @@ impl Incoming {
     /// Waits for a source whose machine is `machine`, and takes the VM in:
     /// returns once its state is here (precopy: with all of RAM; postcopy:
     /// with RAM arriving in the background and on demand).
+    /// `take_disks` locks the disk images once the state is here (the
+    /// source has flushed and released them by then); if it fails the
+    /// source is told, and takes its guest back.
     pub fn receive(
         self,
         memory: &GuestMemoryMmap,
         machine: &MachineState,
+        take_disks: &dyn Fn() -> Result<(), String>,
     ) -> Result<Received, MigrationError> {
         say!("hakoniwa: waiting for a migration on tcp:{}", self.address);
         let (stream, peer) = self
@@ -155,6 +159,10 @@ impl Incoming {
                             let _ = write_message(&mut writer, &Message::Refused(e.to_string()));
                             return Err(e);
                         }
+                    }
+                    if let Err(why) = take_disks() {
+                        let _ = write_message(&mut writer, &Message::Refused(why.clone()));
+                        return Err(MigrationError::RefusedIncoming(why));
                     }
                     break envelope;
                 }

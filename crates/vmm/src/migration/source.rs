@@ -241,6 +241,13 @@ impl SourceJob {
                 match stage {
                     Stage::BeforeSwitchover { paused } => {
                         if paused {
+                            // The disks were handed over: the guest may
+                            // only write them again once they are ours.
+                            if let Err(e) = self.snapshot.take_back_disks() {
+                                say!("hakoniwa: migration to {} failed: {message}; the VM stays stopped here: {e}", self.request.to);
+                                self.status.finish(Phase::Failed, Some(message));
+                                return;
+                            }
                             // Devices first: taking the state paused them.
                             if let Err(e) = self.snapshot.resume_devices() {
                                 say!("hakoniwa: cannot resume the virtio devices: {e}");
@@ -283,6 +290,9 @@ impl SourceJob {
         let stopped_at_unix_ns = unix_now_ns();
         *stage = Stage::BeforeSwitchover { paused: true };
         let snapshot = self.snapshot.collect(self.pauser.run_control())?;
+        // The devices are idle: make the disks durable and let the
+        // destination lock them before it can run the guest.
+        self.snapshot.hand_over_disks()?;
         if let Some(log) = &log {
             log.harvest(&dirty)?;
         }

@@ -59,6 +59,9 @@ pub enum SnapshotError {
     },
     #[error("snapshot: {0}")]
     Invalid(String),
+    /// A disk image could not be flushed, unlocked or locked.
+    #[error("{0}")]
+    Disk(String),
     #[error("virtio device {id}: {error}")]
     Virtio {
         id: String,

@@ -1,7 +1,7 @@
 //! Taking a snapshot of a running VM: with every vCPU parked, the virtio
 //! devices are paused and their state taken, each vCPU thread saves its
-//! own state, then the VM-wide state, COM1 and RAM are written, and the
-//! devices resume.
+//! own state, the disk images are flushed, then the VM-wide state, COM1
+//! and RAM are written, and the devices resume.
 
 use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
@@ -14,6 +14,7 @@ use super::state::{DeviceStates, MachineState, VmSnapshot};
 use super::vcpu_state::save_vcpu;
 use super::vm_state::save_vm;
 use super::SnapshotError;
+use crate::disks::Disks;
 use crate::display::Framebuffer;
 use crate::memory::{GuestMemoryMmap, MemoryManager};
 use crate::platform::VirtioFunctions;
@@ -32,6 +33,8 @@ pub struct SnapshotSource {
     virtio: Option<VirtioFunctions>,
     /// The display's framebuffer, whose pixels are saved with the devices.
     framebuffer: Option<Arc<Framebuffer>>,
+    /// The disk images, flushed before the state leaves.
+    disks: Disks,
     /// One snapshot at a time.
     busy: Mutex<()>,
 }
@@ -51,6 +54,7 @@ impl SnapshotSource {
             msr_indices: Arc::new(msr_indices),
             virtio: None,
             framebuffer: None,
+            disks: Disks::default(),
             busy: Mutex::new(()),
         }
     }
@@ -60,6 +64,13 @@ impl SnapshotSource {
     /// snapshot cannot be restored.
     pub fn with_virtio(mut self, functions: VirtioFunctions) -> Self {
         self.virtio = Some(functions);
+        self
+    }
+
+    /// Flushes `disks` before a snapshot is written, and hands them over
+    /// at a migration's switch-over.
+    pub fn with_disks(mut self, disks: Disks) -> Self {
+        self.disks = disks;
         self
     }
 
@@ -76,11 +87,30 @@ impl SnapshotSource {
     pub fn save(&self, path: &Path, control: &RunControl) -> Result<u64, SnapshotError> {
         let _busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         let snapshot = self.collect(control)?;
-        let written = write_snapshot(path, &snapshot, self.memory.ram());
+        // The snapshot refers to the images as they are now: what the
+        // guest wrote must be durable before the file says so.
+        let written = match self.disks.flush() {
+            Ok(()) => write_snapshot(path, &snapshot, self.memory.ram()),
+            Err(e) => Err(SnapshotError::Disk(e)),
+        };
         let resumed = self.resume_devices();
         let size = written?;
         resumed?;
         Ok(size)
+    }
+
+    /// A migration's switch-over, devices paused by
+    /// [`collect`](Self::collect): flushes every disk image and releases
+    /// its locks for the destination.
+    pub fn hand_over_disks(&self) -> Result<(), SnapshotError> {
+        self.disks.hand_over().map_err(SnapshotError::Disk)
+    }
+
+    /// A migration that handed the disks over failed before the
+    /// destination ran the guest: locks them again, so the guest can go on
+    /// here (fails if the destination took them meanwhile).
+    pub fn take_back_disks(&self) -> Result<(), SnapshotError> {
+        self.disks.lock().map_err(SnapshotError::Disk)
     }
 
     /// Gathers the whole VM's state except RAM. Every vCPU must be parked
