@@ -102,6 +102,7 @@ fuzz_target!(|input: &[u8]| {
         acked_features: acked,
         serial: *b"fuzz-serial-00000000",
         metrics: &metrics,
+        errors: Default::default(),
     };
     let done = process_chain(chain, &mem, &ctx, &mut AlignedBuf::new(4096));
 

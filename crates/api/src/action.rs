@@ -74,6 +74,11 @@ pub struct VmInfo {
     /// Emulated devices.
     #[serde(default)]
     pub devices: Vec<DeviceInfo>,
+    /// Why a disk paused the VM (`--disk ...,werror=stop` or `rerror=stop`):
+    /// the disk, what failed and the host's errno. Absent otherwise.
+    /// `ctl resume` runs the held requests again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_error: Option<String>,
 }
 
 /// One vCPU's host thread.

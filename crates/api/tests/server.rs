@@ -58,6 +58,7 @@ fn sample_info(state: VmState) -> VmInfo {
         kernel: "/boot/vmlinuz-test".into(),
         cmdline: "console=ttyS0 reboot=k panic=1".into(),
         boot_protocol: "linux-boot".into(),
+        io_error: None,
         devices: vec![
             DeviceInfo {
                 id: "com1".into(),

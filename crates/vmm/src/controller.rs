@@ -153,6 +153,10 @@ impl VmControl {
             .passthrough
             .refuse("a migration")
             .map_err(ApiError::conflict)?;
+        self.vm
+            .disks
+            .refuse_if_held("a migration")
+            .map_err(ApiError::conflict)?;
         let to = crate::migration::parse_tcp_address(&request.to)
             .map_err(|e| ApiError::bad_request(format!("to: {e}")))?;
         let request = MigrationRequest {
@@ -198,6 +202,10 @@ impl VmControl {
         self.vm
             .passthrough
             .refuse("a snapshot")
+            .map_err(ApiError::conflict)?;
+        self.vm
+            .disks
+            .refuse_if_held("a snapshot")
             .map_err(ApiError::conflict)?;
         if self.snapshotting.swap(true, Ordering::SeqCst) {
             return Err(ApiError::conflict("a snapshot is already being taken"));
@@ -352,6 +360,7 @@ impl VmControl {
                     resources: dev.resources.clone(),
                 })
                 .collect(),
+            io_error: self.vm.disks.stop_reason(),
         }
     }
 
@@ -409,6 +418,9 @@ impl VmControl {
         match self.state() {
             VmState::Paused => {
                 self.vm.run.set(Desired::Run);
+                // Requests a disk error held run again; one failing again
+                // pauses the VM again.
+                self.vm.disks.retry();
                 Ok(ApiResponse::Empty)
             }
             VmState::Running => Err(ApiError::conflict("the VM is not paused")),

@@ -10,12 +10,15 @@
 
 use std::sync::Arc;
 
+use devices::virtio::block::device::DiskErrors;
+use devices::virtio::block::error_policy::StopHandler;
 use devices::virtio::block::{Block, CacheMode, DiskBackend, FileDisk, Locking};
 
-/// One disk: its device name and its image.
+/// One disk: its device name, its image and its held requests.
 struct Disk {
     name: String,
     file: Arc<FileDisk>,
+    errors: Arc<DiskErrors>,
 }
 
 impl Disk {
@@ -49,6 +52,7 @@ impl Disks {
                     b.shared_disk().map(|file| Disk {
                         name: b.id().to_string(),
                         file,
+                        errors: b.errors(),
                     })
                 })
                 .collect(),
@@ -110,6 +114,42 @@ impl Disks {
             taken.push(d);
         }
         Ok(())
+    }
+
+    /// Installs what pauses the VM when a disk's `werror`/`rerror=stop`
+    /// holds a failed request.
+    pub fn on_stop(&self, handler: StopHandler) {
+        for d in self.0.iter() {
+            d.errors.set_handler(handler.clone());
+        }
+    }
+
+    /// Why a disk paused the VM, while one holds failed requests.
+    pub fn stop_reason(&self) -> Option<String> {
+        self.0
+            .iter()
+            .find_map(|d| d.errors.reason())
+            .map(|r| r.to_string())
+    }
+
+    /// Refuses what cannot carry held requests (a snapshot, a migration):
+    /// they were taken off the ring and not answered.
+    pub fn refuse_if_held(&self, what: &str) -> Result<(), String> {
+        match self.0.iter().find(|d| d.errors.held() > 0) {
+            Some(d) => Err(format!(
+                "{what} cannot be taken while disk {} holds {} failed requests (werror/rerror=stop): fix the cause and `ctl resume` first",
+                d.name,
+                d.errors.held()
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs every held request again (the VM resumes).
+    pub fn retry(&self) {
+        for d in self.0.iter() {
+            d.errors.retry();
+        }
     }
 
     /// Whether the VM has no disk image.

@@ -56,6 +56,8 @@ pub struct Vm {
     pub mmu: Arc<MmuControl>,
     pub display: Option<Arc<DisplayControl>>,
     pub balloon: Option<Arc<BalloonControl>>,
+    /// The disk images: their held requests (werror/rerror=stop).
+    pub disks: crate::disks::Disks,
     pub snapshot: Arc<SnapshotSource>,
     pub migrations: Arc<MigrationReports>,
     /// Failure reports (--dump-dir, ctl dump).
@@ -125,6 +127,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     }
     let mut threads = VcpuThreads::spawn(vcpus, &core)?;
     let pauser = Arc::new(VcpuPauser::new(core.control.clone(), threads.pthreads()));
+    stop_on_disk_errors(&virtio.disks, &pauser);
     // A migrated-in VM runs from here: tell the source (postcopy: RAM
     // keeps coming in the background and on demand).
     if let Some(received) = &mut loaded.received {
@@ -163,6 +166,18 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
         metrics,
         config,
     )
+}
+
+/// A disk whose `werror`/`rerror=stop` holds a failed request pauses the
+/// VM and says why, once per stop (`ctl resume` retries, docs/devices.md).
+fn stop_on_disk_errors(disks: &crate::disks::Disks, pauser: &Arc<VcpuPauser>) {
+    let pauser = pauser.clone();
+    disks.on_stop(Arc::new(move |reason| {
+        say!("hakoniwa: VM paused: {reason}; `hakoniwa ctl resume` retries");
+        if let Err(e) = crate::migration::source::VmPauser::pause(&*pauser) {
+            say!("hakoniwa: cannot pause the VM for the disk error: {e}");
+        }
+    }));
 }
 
 /// The KVM VM and what every later step of the build needs.
@@ -419,7 +434,7 @@ fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
             msr_indices,
         )
         .with_virtio(platform.virtio.clone())
-        .with_disks(disks)
+        .with_disks(disks.clone())
         .with_framebuffer(framebuffer),
     );
     let migrations = Arc::new(MigrationReports {
@@ -452,6 +467,7 @@ fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
         mmu: core.mmu.clone(),
         display,
         balloon,
+        disks,
         snapshot,
         migrations,
         inspector,

@@ -31,6 +31,7 @@ use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::error_policy::{HeldRequests, StopHandler, StopReason};
 use super::io::{AlignedBuf, DiskBackend, FileDisk, Locking};
 use super::metrics::{add, BlockMetrics, Metrics};
 use super::request::{
@@ -68,6 +69,8 @@ const PHYSICAL_BLOCK_EXP: u8 = 3;
 
 const KICK_TOKEN: usize = 0;
 const DONE_TOKEN: usize = 1;
+/// Held requests (werror/rerror=stop) are to run again.
+const RETRY_TOKEN: usize = 2;
 /// How long a pause waits for the requests in flight to complete: a
 /// flush of a large writeback cache can take a while.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
@@ -100,7 +103,45 @@ pub struct Block {
     metrics: Arc<Metrics>,
     /// The statistics of `vm.counters`.
     stats: Arc<DiskStats>,
+    errors: Arc<DiskErrors>,
     lifecycle: DeviceLifecycle<EpollLoop<QueueHandler>>,
+}
+
+/// A disk's requests held by a `stop` error policy (see
+/// [`super::error_policy`]), for the VMM to report and resume.
+#[derive(Default)]
+pub struct DiskErrors {
+    held: HeldRequests<Job>,
+    /// The active queue thread's retry event.
+    retry: Mutex<Option<EventFd>>,
+}
+
+impl DiskErrors {
+    /// Installs what pauses the VM when a request is held.
+    pub fn set_handler(&self, handler: StopHandler) {
+        self.held.set_handler(handler);
+    }
+
+    /// Why the disk stopped the VM, while it holds requests.
+    pub fn reason(&self) -> Option<StopReason> {
+        self.held.reason()
+    }
+
+    /// How many requests are held.
+    pub fn held(&self) -> usize {
+        self.held.count()
+    }
+
+    /// Runs the held requests again (the VM resumes); one failing again
+    /// stops the VM again.
+    pub fn retry(&self) {
+        if self.held.count() == 0 {
+            return;
+        }
+        if let Some(evt) = &*self.retry.lock().unwrap_or_else(PoisonError::into_inner) {
+            let _ = evt.write(1);
+        }
+    }
 }
 
 impl Block {
@@ -165,6 +206,7 @@ impl Block {
             queue_sizes: [QUEUE_SIZE],
             metrics: Arc::new(Metrics::default()),
             stats: Arc::new(DiskStats::new(1)),
+            errors: Arc::new(DiskErrors::default()),
             lifecycle: DeviceLifecycle::default(),
         }
     }
@@ -188,6 +230,11 @@ impl Block {
     /// The opened image (None for [`Block::from_backend`] devices).
     pub fn disk(&self) -> Option<&FileDisk> {
         self.file.as_deref()
+    }
+
+    /// Its held requests (werror/rerror=stop).
+    pub fn errors(&self) -> Arc<DiskErrors> {
+        self.errors.clone()
     }
 
     /// The opened image, for the VMM to flush, lock and unlock it around
@@ -323,6 +370,14 @@ impl QueueDevice for Block {
             abort: abort.clone(),
         };
         let done_evt = EventFd::new(EFD_NONBLOCK)?;
+        let retry_evt = EventFd::new(EFD_NONBLOCK)?;
+        // Requests held before a reset belong to a driver that is gone.
+        drop(self.errors.held.take());
+        *self
+            .errors
+            .retry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(retry_evt.try_clone()?);
         let (job_tx, job_rx) = mpsc::channel::<Job>();
         let (done_tx, done_rx) = mpsc::channel();
         let job_rx = Arc::new(Mutex::new(job_rx));
@@ -335,6 +390,9 @@ impl QueueDevice for Block {
                 capacity: self.capacity,
                 readonly: self.config.readonly,
                 acked_features: acked,
+                name: self.name.clone(),
+                policy: self.config.errors,
+                errors: self.errors.clone(),
                 jobs: job_rx.clone(),
                 done: done_tx.clone(),
                 done_evt: done_evt.try_clone()?,
@@ -346,7 +404,11 @@ impl QueueDevice for Block {
                 .spawn(move || pinned(name, affinity, || io.run()))?;
             pool.threads.push(thread);
         }
-        let fds = [kick.as_raw_fd(), done_evt.as_raw_fd()];
+        let fds = [
+            kick.as_raw_fd(),
+            done_evt.as_raw_fd(),
+            retry_evt.as_raw_fd(),
+        ];
         let handler = QueueHandler {
             name: self.name.clone(),
             index,
@@ -356,6 +418,8 @@ impl QueueDevice for Block {
             done_evt,
             done_rx,
             jobs: job_tx,
+            retry_evt,
+            errors: self.errors.clone(),
             in_flight: 0,
             stats: self.stats.clone(),
             finished: Vec::new(),
@@ -474,6 +538,9 @@ struct IoThread {
     capacity: u64,
     readonly: bool,
     acked_features: u64,
+    name: String,
+    policy: super::error_policy::ErrorPolicy,
+    errors: Arc<DiskErrors>,
     jobs: Arc<Mutex<Receiver<Job>>>,
     done: Sender<Done>,
     done_evt: EventFd,
@@ -490,6 +557,7 @@ impl IoThread {
             acked_features: self.acked_features,
             serial: self.serial,
             metrics: &self.metrics,
+            errors: self.policy,
         };
         loop {
             let job = {
@@ -502,7 +570,21 @@ impl IoThread {
             }
             let mut times = job.times;
             times.submit = now_ns();
+            // A copy to run again if the error policy holds it.
+            let again = job.chain.clone();
             let processed = process_chain_counted(job.chain, &self.mem, &ctx, &mut scratch);
+            if let Some(cause) = processed.completion.hold {
+                // Held: its stamps restart when the resume runs it again.
+                self.hold(
+                    Job {
+                        chain: again,
+                        head: job.head,
+                        times: job.times,
+                    },
+                    cause,
+                );
+                continue;
+            }
             times.complete = now_ns();
             add(&self.metrics.latency_us_sum, times.service_ns() / 1000);
             add(&self.metrics.completed, 1);
@@ -524,6 +606,21 @@ impl IoThread {
     }
 }
 
+impl IoThread {
+    /// Keeps a failed request unanswered for the resume and, the first
+    /// time, has the VM paused.
+    fn hold(&self, job: Job, cause: super::request::HoldCause) {
+        let reason = StopReason {
+            disk: self.name.clone(),
+            what: cause.what,
+            errno: cause.errno,
+        };
+        if let Some((handler, reason)) = self.errors.held.hold(job, reason) {
+            handler(&reason);
+        }
+    }
+}
+
 /// The queue thread's state.
 pub(crate) struct QueueHandler {
     name: String,
@@ -534,7 +631,10 @@ pub(crate) struct QueueHandler {
     done_evt: EventFd,
     done_rx: Receiver<Done>,
     jobs: Sender<Job>,
-    /// Requests handed to the I/O threads and not yet in the used ring.
+    retry_evt: EventFd,
+    errors: Arc<DiskErrors>,
+    /// Requests handed to the I/O threads and not yet in the used ring
+    /// (held ones included).
     in_flight: usize,
     stats: Arc<DiskStats>,
     /// The requests put in the used ring since the last interrupt
@@ -674,6 +774,15 @@ impl WorkerHandler for QueueHandler {
             DONE_TOKEN => {
                 let _ = self.done_evt.read();
                 self.complete();
+            }
+            RETRY_TOKEN => {
+                let _ = self.retry_evt.read();
+                // Still in flight: they go back to the I/O threads.
+                for job in self.errors.held.take() {
+                    if self.jobs.send(job).is_err() {
+                        return;
+                    }
+                }
             }
             _ => {}
         }

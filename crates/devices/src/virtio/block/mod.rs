@@ -17,7 +17,8 @@
 //!   values read and how queues add up, [`histogram`] the latency
 //!   histograms with settable boundaries.
 //! - [`lock`]: image locking in QEMU's byte-lock scheme;
-//! - [`sticky`]: a failed flush fails every later one.
+//! - [`sticky`]: a failed flush fails every later one;
+//! - [`error_policy`]: `werror=`/`rerror=`, what a host I/O error does.
 //!
 //! The VMM builds a disk from `--disk` text with
 //! `Block::new(text.parse::<BlockConfig>()?)?` (naming it with
@@ -35,6 +36,7 @@
 
 pub mod counters;
 pub mod device;
+pub mod error_policy;
 pub mod histogram;
 pub mod io;
 pub mod lock;
@@ -52,6 +54,7 @@ use std::str::FromStr;
 
 use crate::affinity::CpuSet;
 use crate::options::{invalid, Options, OptionsError};
+use error_policy::{ErrorAction, ErrorPolicy};
 
 pub use counters::{DiskCounters, KindCounters, Outcome, RequestKind, Stage, StageCounters};
 pub use device::{Block, BlockState};
@@ -107,7 +110,8 @@ impl fmt::Display for CacheMode {
     }
 }
 
-/// One `--disk path=FILE[,readonly=on][,cache=writeback|none|unsafe][,id=NAME]`.
+/// One `--disk path=FILE[,readonly=on][,cache=writeback|none|unsafe][,id=NAME]
+/// [,werror=report|stop][,rerror=report|stop]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockConfig {
     /// The image: a regular file or a block device.
@@ -122,6 +126,8 @@ pub struct BlockConfig {
     /// The host CPUs the disk's queue and I/O threads run on
     /// (`iothread_affinity=[1-2]`); anywhere when absent.
     pub iothread_affinity: Option<CpuSet>,
+    /// What host write and read errors do (`werror=`, `rerror=`).
+    pub errors: ErrorPolicy,
 }
 
 impl BlockConfig {
@@ -133,6 +139,7 @@ impl BlockConfig {
             cache: CacheMode::Writeback,
             id: None,
             iothread_affinity: None,
+            errors: ErrorPolicy::default(),
         }
     }
 
@@ -151,6 +158,11 @@ impl BlockConfig {
             check_id(id)?;
         }
         let iothread_affinity = o.cpu_set("iothread_affinity")?;
+        let action = |name| ErrorAction::from_name(name).expect("choice() returns one of NAMES");
+        let errors = ErrorPolicy {
+            werror: action(o.choice("werror", &ErrorAction::NAMES, "report")?),
+            rerror: action(o.choice("rerror", &ErrorAction::NAMES, "report")?),
+        };
         o.finish()?;
         Ok(BlockConfig {
             path: PathBuf::from(path),
@@ -158,6 +170,7 @@ impl BlockConfig {
             cache,
             id,
             iothread_affinity,
+            errors,
         })
     }
 }

@@ -29,6 +29,7 @@ use vm_memory::bitmap::{AtomicBitmap, BS};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use super::counters::{Outcome, RequestKind};
+use super::error_policy::{Access, ErrorAction, ErrorPolicy};
 use super::io::{AlignedBuf, DiskBackend};
 use super::metrics::{add, Metrics};
 use super::{SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
@@ -123,6 +124,10 @@ pub enum RequestError {
     TooLarge(u32),
     #[error("I/O error: {0}")]
     Io(String),
+    /// The disk back end failed (the host's errno): subject to
+    /// `werror`/`rerror` (see [`super::error_policy`]).
+    #[error("host I/O error: {message}")]
+    Host { errno: i32, message: String },
 }
 
 impl RequestError {
@@ -130,7 +135,7 @@ impl RequestError {
     /// else refused it before it reached the disk.
     fn outcome(&self) -> Outcome {
         match self {
-            RequestError::Io(_) => Outcome::Failed,
+            RequestError::Io(_) | RequestError::Host { .. } => Outcome::Failed,
             _ => Outcome::Invalid,
         }
     }
@@ -141,6 +146,16 @@ impl RequestError {
             | RequestError::NotNegotiated(_)
             | RequestError::BadFlags(_) => VIRTIO_BLK_S_UNSUPP,
             _ => VIRTIO_BLK_S_IOERR,
+        }
+    }
+}
+
+impl RequestError {
+    /// A failure of the disk back end.
+    fn host(e: std::io::Error) -> RequestError {
+        RequestError::Host {
+            errno: e.raw_os_error().unwrap_or(libc::EIO),
+            message: e.to_string(),
         }
     }
 }
@@ -186,6 +201,8 @@ pub struct RequestContext<'a> {
     /// The GET_ID answer.
     pub serial: [u8; SERIAL_LEN],
     pub metrics: &'a Metrics,
+    /// What a host I/O error does (`werror=`, `rerror=`).
+    pub errors: ErrorPolicy,
 }
 
 impl From<RequestType> for RequestKind {
@@ -219,6 +236,33 @@ pub struct Completion {
     /// Bytes written into the chain's device-writable buffers: the length
     /// for the used ring.
     pub used_len: u32,
+    /// The request failed on the host and its policy is `stop`: nothing
+    /// was written to the status byte; the caller holds the chain and
+    /// runs it again at the resume.
+    pub hold: Option<HoldCause>,
+}
+
+/// Why a request is held (see [`Completion::hold`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HoldCause {
+    /// "read", "write", "flush", "discard" or "write-zeroes".
+    pub what: &'static str,
+    pub errno: i32,
+}
+
+impl RequestType {
+    /// What the error policy calls this request, and its name, if it
+    /// touches the image.
+    fn access(self) -> Option<(Access, &'static str)> {
+        match self {
+            RequestType::In => Some((Access::Read, "read")),
+            RequestType::Out => Some((Access::Write, "write")),
+            RequestType::Flush => Some((Access::Write, "flush")),
+            RequestType::Discard => Some((Access::Write, "discard")),
+            RequestType::WriteZeroes => Some((Access::Write, "write-zeroes")),
+            RequestType::GetId | RequestType::Unsupported(_) => None,
+        }
+    }
 }
 
 impl<'a> Request<'a> {
@@ -326,6 +370,26 @@ impl<'a> Request<'a> {
             RequestType::Discard | RequestType::WriteZeroes => split_moved(self.discard(ctx)),
             RequestType::Unsupported(t) => (Err(RequestError::Unsupported(t)), 0, 0),
         };
+        if let (Err(RequestError::Host { errno, .. }), Some((access, what))) =
+            (&result, self.request_type.access())
+        {
+            if ctx.errors.decide(access) == ErrorAction::Stop {
+                // Not counted: it runs again at the resume.
+                return Processed {
+                    completion: Completion {
+                        status: None,
+                        used_len: 0,
+                        hold: Some(HoldCause {
+                            what,
+                            errno: *errno,
+                        }),
+                    },
+                    kind: self.request_type.into(),
+                    outcome: Outcome::Failed,
+                    bytes: 0,
+                };
+            }
+        }
         let (status, outcome) = match &result {
             Ok(()) => (VIRTIO_BLK_S_OK, Outcome::Ok),
             Err(e) => {
@@ -367,7 +431,9 @@ impl<'a> Request<'a> {
         let result = (|| {
             while self.writer.available_bytes() > 0 {
                 let n = self.writer.available_bytes().min(scratch.len());
-                ctx.disk.read_at(&mut scratch[..n], offset)?;
+                ctx.disk
+                    .read_at(&mut scratch[..n], offset)
+                    .map_err(RequestError::host)?;
                 self.writer.write_all(&scratch[..n])?;
                 offset += n as u64;
                 add(&ctx.metrics.read_bytes, n as u64);
@@ -394,7 +460,9 @@ impl<'a> Request<'a> {
         while self.reader.available_bytes() > 0 {
             let n = self.reader.available_bytes().min(scratch.len());
             self.reader.read_exact(&mut scratch[..n])?;
-            ctx.disk.write_at(&scratch[..n], offset)?;
+            ctx.disk
+                .write_at(&scratch[..n], offset)
+                .map_err(RequestError::host)?;
             offset += n as u64;
             add(&ctx.metrics.write_bytes, n as u64);
         }
@@ -461,9 +529,11 @@ impl<'a> Request<'a> {
         }
         let len = u64::from(sectors) << SECTOR_SHIFT;
         if zeroes {
-            ctx.disk.write_zeroes(offset, len, unmap)?;
+            ctx.disk
+                .write_zeroes(offset, len, unmap)
+                .map_err(RequestError::host)?;
         } else {
-            ctx.disk.discard(offset, len)?;
+            ctx.disk.discard(offset, len).map_err(RequestError::host)?;
         }
         write_through(ctx).map(|()| len)
     }
@@ -492,7 +562,7 @@ fn check_sectors(ctx: &RequestContext, sector: u64, sectors: u64) -> Result<u64,
 }
 
 fn flush(ctx: &RequestContext) -> Result<(), RequestError> {
-    if ctx.disk.flush()? {
+    if ctx.disk.flush().map_err(RequestError::host)? {
         add(&ctx.metrics.syncs, 1);
     }
     Ok(())
@@ -517,11 +587,13 @@ fn write_status(
         Ok(()) => Completion {
             status: Some(status),
             used_len: u32::try_from(data_len + 1).unwrap_or(u32::MAX),
+            hold: None,
         },
         // Checked at parse time; only a memory hot-unplug could get here.
         Err(_) => Completion {
             status: None,
             used_len: 0,
+            hold: None,
         },
     }
 }
@@ -576,6 +648,7 @@ where
                 None => Completion {
                     status: None,
                     used_len: 0,
+                    hold: None,
                 },
             };
             Processed {

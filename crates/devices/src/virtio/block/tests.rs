@@ -184,6 +184,7 @@ impl Harness {
             acked_features: acked,
             serial: *b"test-serial-0123456\0",
             metrics: &self.metrics,
+            errors: Default::default(),
         }
     }
 
@@ -232,6 +233,7 @@ fn ok(len: u32) -> Completion {
     Completion {
         status: Some(VIRTIO_BLK_S_OK),
         used_len: len,
+        hold: None,
     }
 }
 
@@ -239,12 +241,14 @@ fn failed(status: u8) -> Completion {
     Completion {
         status: Some(status),
         used_len: 1,
+        hold: None,
     }
 }
 
 const SKIPPED: Completion = Completion {
     status: None,
     used_len: 0,
+    hold: None,
 };
 
 // ---------------------------------------------------------------- requests
@@ -1593,8 +1597,15 @@ fn disk_options_parse() {
             cache: CacheMode::None,
             id: Some("root".into()),
             iothread_affinity: None,
+            errors: Default::default(),
         }
     );
+    let c = BlockConfig::parse("a.img,werror=stop").unwrap();
+    assert_eq!(c.errors.werror, ErrorAction::Stop);
+    assert_eq!(c.errors.rerror, ErrorAction::Report);
+    let c = BlockConfig::parse("a.img,rerror=stop,werror=report").unwrap();
+    assert_eq!(c.errors.rerror, ErrorAction::Stop);
+    assert_eq!(c.errors.werror, ErrorAction::Report);
     let c = BlockConfig::parse("a.img,iothread_affinity=[1,3-4]").unwrap();
     assert_eq!(c.iothread_affinity.unwrap().cpus(), &[1, 3, 4]);
     assert!(BlockConfig::parse("a.img,iothread_affinity=[x]")
@@ -1626,6 +1637,8 @@ fn disk_option_mistakes_are_named() {
     assert!(err("path=").contains("the path is empty"));
     assert!(err("a.img,cache=directsync").contains("expected one of writeback, none, unsafe"));
     assert!(err("a.img,readonly=yes").contains("'yes' is not on or off"));
+    assert!(err("a.img,werror=ignore").contains("expected one of report, stop"));
+    assert!(err("a.img,rerror=enospc").contains("expected one of report, stop"));
     assert!(err("a.img,size=1G").contains("unknown option 'size'"));
     assert!(err("a.img,b.img").contains("'b.img' is not key=value"));
     assert!(err("a.img,path=b.img").contains("given twice"));
@@ -1661,6 +1674,54 @@ impl DiskBackend for BadSectors {
     }
     fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> std::io::Result<()> {
         self.inner.write_zeroes(offset, len, unmap)
+    }
+}
+
+// ---------------------------------------------------------------- error policy
+
+/// A disk that is full (writes fail with ENOSPC) or has bad sectors
+/// (reads fail with EIO) until told otherwise.
+#[derive(Default)]
+struct FailingDisk {
+    inner: Option<MemDisk>,
+    full: std::sync::atomic::AtomicBool,
+    bad: std::sync::atomic::AtomicBool,
+}
+
+impl FailingDisk {
+    fn new(size: usize) -> FailingDisk {
+        FailingDisk {
+            inner: Some(MemDisk::new(size)),
+            ..Default::default()
+        }
+    }
+
+    fn inner(&self) -> &MemDisk {
+        self.inner.as_ref().unwrap()
+    }
+}
+
+impl DiskBackend for FailingDisk {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if self.bad.load(Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner().read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        self.inner().write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<bool> {
+        self.inner().flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner().discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> std::io::Result<()> {
+        self.inner().write_zeroes(offset, len, unmap)
     }
 }
 
@@ -1772,4 +1833,65 @@ fn the_device_counts_every_request_it_completes_by_kind_and_stage() {
     );
     block.reset();
     assert_eq!(stats.snapshot().in_flight, 0);
+}
+
+#[test]
+fn werror_stop_holds_a_failed_write_until_the_retry_and_rerror_report_fails_reads() {
+    let disk = Arc::new(FailingDisk::new(64 * 1024));
+    disk.full.store(true, Ordering::SeqCst);
+    disk.bad.store(true, Ordering::SeqCst);
+    let config = BlockConfig::parse("/m,werror=stop").unwrap();
+    let mut block = Block::from_backend(config, disk.clone(), 64 * 1024, [0; SERIAL_LEN]);
+    block.set_name("disk3");
+    let stops = Arc::new(Mutex::new(Vec::new()));
+    let seen = stops.clone();
+    block
+        .errors()
+        .set_handler(Arc::new(move |r| seen.lock().unwrap().push(r.to_string())));
+    let mem = guest_memory();
+    let acked = block.device_features();
+    let mut d = Driver::start(&mut block, &mem, acked);
+
+    let data = pattern(4096, 9);
+    mem.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+    put_header(&mem, HDR, VIRTIO_BLK_T_OUT, 8);
+    mem.write_slice(&data, GuestAddress(DATA)).unwrap();
+    let write = d.offer(&[r(HDR, 16), r(DATA, 4096), w(STATUS, 1)]);
+    d.kick();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stops.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the VM was never stopped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        *stops.lock().unwrap(),
+        ["disk disk3: write failed: ENOSPC (No space left on device)"]
+    );
+    assert_eq!(
+        block.errors().reason().unwrap().to_string(),
+        stops.lock().unwrap()[0]
+    );
+    // Held: not answered, its status byte untouched.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(d.used_idx(), 0);
+    assert_eq!(status(&mem), 0xff);
+    assert_eq!(block.errors().held(), 1);
+
+    // A read error with rerror=report goes to the guest at once.
+    put_header(&mem, HDR + 16, VIRTIO_BLK_T_IN, 0);
+    let read = d.offer(&[r(HDR + 16, 16), w(DATA2, 512), w(STATUS + 1, 1)]);
+    d.kick();
+    assert_eq!(d.wait_used(1), [(read, 1)]);
+    assert_eq!(read_mem(&mem, STATUS + 1, 1), [VIRTIO_BLK_S_IOERR]);
+
+    // Space freed, resumed: the write completes, and is on the disk.
+    disk.full.store(false, Ordering::SeqCst);
+    block.errors().retry();
+    assert_eq!(d.wait_used(2)[1..], [(write, 1)]);
+    assert_eq!(status(&mem), VIRTIO_BLK_S_OK);
+    assert_eq!(&disk.inner().contents()[8 * 512..8 * 512 + 4096], &data[..]);
+    assert_eq!(block.errors().held(), 0);
+    assert_eq!(block.errors().reason(), None);
+    assert_eq!(stops.lock().unwrap().len(), 1);
+    block.reset();
 }
