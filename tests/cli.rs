@@ -499,3 +499,48 @@ fn ctl_counters_mistakes_are_one_line_each() {
         "cannot connect to API socket",
     );
 }
+
+/// An image a running QEMU holds: `run` refuses it in one line naming
+/// QEMU (QEMU's own image locks, docs/devices.md). QEMU runs a TCG
+/// machine stopped at its start (`-S`): no KVM needed.
+#[test]
+fn a_disk_image_in_use_by_qemu_is_one_line_error() {
+    use std::os::unix::fs::MetadataExt;
+    let kernel = fake_bzimage();
+    let image = temp_dir().join("qemu-held.img");
+    std::fs::write(&image, vec![0u8; 1 << 20]).unwrap();
+    let mut qemu = std::process::Command::new("qemu-system-x86_64")
+        .args(["-machine", "pc", "-accel", "tcg", "-S", "-nodefaults"])
+        .args(["-display", "none", "-monitor", "none", "-serial", "none"])
+        .args([
+            "-drive",
+            &format!("file={},if=virtio,format=raw", image.display()),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("qemu-system-x86_64 (the rig installs it)");
+    // Until QEMU holds its "write not shared" byte (201).
+    let inode = format!(":{} 201 201", std::fs::metadata(&image).unwrap().ino());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .contains(&inode)
+    {
+        assert!(std::time::Instant::now() < deadline, "QEMU never locked the image");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let disk = format!("path={}", image.display());
+    let result = std::panic::catch_unwind(|| {
+        expect_error(
+            &["run", "--kernel", kernel.to_str().unwrap(), "--disk", &disk],
+            "is in use by QEMU (read-write; its lock refuses us the \"write\" lock)",
+        )
+    });
+    let _ = qemu.kill();
+    let _ = qemu.wait();
+    let _ = std::fs::remove_file(&image);
+    let (code, _) = result.unwrap();
+    assert_eq!(code, 125);
+}
