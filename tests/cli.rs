@@ -528,7 +528,10 @@ fn a_disk_image_in_use_by_qemu_is_one_line_error() {
         .unwrap()
         .contains(&inode)
     {
-        assert!(std::time::Instant::now() < deadline, "QEMU never locked the image");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "QEMU never locked the image"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let disk = format!("path={}", image.display());

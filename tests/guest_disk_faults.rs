@@ -7,7 +7,13 @@
 //!   second `fdatasync` alone would succeed;
 //! - ENOSPC with `werror=stop` pauses the VM with one line naming the disk
 //!   and the errno (and `vm.info`'s `io_error`), and after space is freed
-//!   `ctl resume` completes the held write, which the guest never saw fail.
+//!   `ctl resume` completes the held write, which the guest never saw fail;
+//! - durability (a second boot): what the guest wrote and flushed survives
+//!   `kill -9` of the VMM *and* a simulated host crash — L1's page cache
+//!   of the image lost, its dirty pages dropped by dm-flakey instead of
+//!   written — with cache=writeback and cache=none; with cache=unsafe,
+//!   whose flushes are ignored, the same data is lost (so the check can
+//!   tell).
 //!
 //! Needs root and device-mapper in L1 (the rig loads dm-mod and loop).
 
@@ -62,7 +68,11 @@ impl DmDisk {
             loop_dev,
             file,
         };
-        dmsetup(&format!("create {} --table '{}'", disk.name, disk.table(table)));
+        dmsetup(&format!(
+            "create {} --table '{}'",
+            disk.name,
+            disk.table(table)
+        ));
         disk
     }
 
@@ -76,8 +86,38 @@ impl DmDisk {
 
     /// Swaps in a new table (the device is suspended meanwhile).
     fn reload(&self, table: &str) {
-        dmsetup(&format!("reload {} --table '{}'", self.name, self.table(table)));
+        dmsetup(&format!(
+            "reload {} --table '{}'",
+            self.name,
+            self.table(table)
+        ));
         dmsetup(&format!("resume {}", self.name));
+    }
+
+    /// Swaps in a new table without syncing the device's page cache:
+    /// a plain suspend "locks the file system", which for a device
+    /// without one writes its dirty pages back first.
+    fn swap_unsynced(&self, table: &str) {
+        dmsetup(&format!("suspend --nolockfs {}", self.name));
+        dmsetup(&format!(
+            "reload {} --table '{}'",
+            self.name,
+            self.table(table)
+        ));
+        dmsetup(&format!("resume {}", self.name));
+    }
+
+    /// A host crash as the device sees it: whatever L1 still had in its
+    /// page cache for the device never reaches it. dm-flakey, down for
+    /// good with `drop_writes`, swallows the write-back that dropping the
+    /// cache forces; then the device is itself again.
+    fn crash(&self, linear: &str) {
+        self.swap_unsynced(&format!("0 {SECTORS} flakey {{loop}} 0 0 1 1 drop_writes"));
+        host(&format!(
+            "blockdev --flushbufs {}; echo 3 > /proc/sys/vm/drop_caches",
+            self.path()
+        ));
+        self.swap_unsynced(linear);
     }
 }
 
@@ -198,7 +238,8 @@ fn host_read_errors_sticky_flushes_and_werror_stop_on_enospc() {
     // dirty pages, the flush fails; then it is healthy again, and flushes
     // still fail: the pages that failed writeback are lost and Linux
     // would report that only once.
-    let write_sync = "dd if=/dev/urandom of=/dev/vdb bs=4096 count=1 conv=fsync 2>/dev/null; echo rc=$?";
+    let write_sync =
+        "dd if=/dev/urandom of=/dev/vdb bs=4096 count=1 conv=fsync 2>/dev/null; echo rc=$?";
     assert!(vmm.shell(write_sync).contains("rc=0"));
     flushes.reload(&format!("0 {SECTORS} error"));
     assert!(vmm.shell(write_sync).contains("rc=1"), "the failed flush");
@@ -220,7 +261,9 @@ fn host_read_errors_sticky_flushes_and_werror_stop_on_enospc() {
 
     // ENOSPC with werror=stop: the VM pauses, says why, and the write
     // waits unanswered until space is freed and the VM resumed.
-    let sum = vmm.shell("dd if=/dev/urandom of=/tmp/c bs=4096 count=16 2>/dev/null; md5sum /tmp/c | cut -d' ' -f1");
+    let sum = vmm.shell(
+        "dd if=/dev/urandom of=/tmp/c bs=4096 count=16 2>/dev/null; md5sum /tmp/c | cut -d' ' -f1",
+    );
     let sum = sum.trim().to_string();
     vmm.send("dd if=/tmp/c of=/dev/vdc bs=65536 oflag=direct 2>/dev/null; echo vdc-rc=$?\n");
     wait_stderr(
@@ -242,7 +285,10 @@ fn host_read_errors_sticky_flushes_and_werror_stop_on_enospc() {
         "{info}"
     );
     std::thread::sleep(Duration::from_millis(500));
-    assert!(!vmm.stdout().contains("vdc-rc="), "the write completed while paused");
+    assert!(
+        !vmm.stdout().contains("vdc-rc="),
+        "the write completed while paused"
+    );
     small.free();
     let (ok, out) = ctl(&socket, &["resume"]);
     assert!(ok, "{out}");
@@ -251,10 +297,110 @@ fn host_read_errors_sticky_flushes_and_werror_stop_on_enospc() {
     assert_eq!(info["state"], "running", "{info}");
     assert!(info.get("io_error").is_none(), "{info}");
     let image = std::fs::read(small.image()).unwrap();
-    assert_eq!(md5_hex(&image[..65536]), sum, "the held write is in the image");
+    assert_eq!(
+        md5_hex(&image[..65536]),
+        sum,
+        "the held write is in the image"
+    );
     // Exactly one pause line: the write failed once.
-    assert_eq!(vmm.stderr().matches("VM paused").count(), 1, "{}", vmm.stderr());
+    assert_eq!(
+        vmm.stderr().matches("VM paused").count(),
+        1,
+        "{}",
+        vmm.stderr()
+    );
 
     vmm.send("poweroff\n");
     assert_eq!(vmm.wait_exit(Duration::from_secs(60)).code(), Some(0));
+}
+
+/// L1's periodic write-back off for the test (restored when dropped), so
+/// nothing the guest wrote reaches a device unless a flush sends it.
+struct NoWriteback {
+    expire: String,
+    interval: String,
+}
+
+impl NoWriteback {
+    const EXPIRE: &'static str = "/proc/sys/vm/dirty_expire_centisecs";
+    const INTERVAL: &'static str = "/proc/sys/vm/dirty_writeback_centisecs";
+
+    fn new() -> NoWriteback {
+        let read = |p| std::fs::read_to_string(p).unwrap();
+        let saved = NoWriteback {
+            expire: read(Self::EXPIRE),
+            interval: read(Self::INTERVAL),
+        };
+        std::fs::write(Self::EXPIRE, "360000").unwrap();
+        std::fs::write(Self::INTERVAL, "0").unwrap();
+        saved
+    }
+}
+
+impl Drop for NoWriteback {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::EXPIRE, &self.expire);
+        let _ = std::fs::write(Self::INTERVAL, &self.interval);
+    }
+}
+
+#[test]
+#[ignore = "boots a real guest and needs root for device-mapper: run through the rig (scripts/test)"]
+fn flushed_data_survives_kill_9_and_a_host_crash_except_with_cache_unsafe() {
+    require_hardware_kvm();
+    let _no_writeback = NoWriteback::new();
+    let linear = format!("0 {SECTORS} linear {{loop}} 0");
+    let modes = ["writeback", "none", "unsafe"];
+    let disks: Vec<DmDisk> = modes
+        .iter()
+        .map(|m| DmDisk::new(&format!("dur-{m}"), &linear))
+        .collect();
+    let mut args = vec!["run".to_string()];
+    for (disk, mode) in disks.iter().zip(modes) {
+        args.push("--disk".into());
+        args.push(format!("path={},cache={mode}", disk.path()));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // The last close of a block device writes its dirty pages back: the
+    // VMM's, at its death, must not be the last, or the kill would flush
+    // what a crash loses. A process holding each device open sees to it.
+    let mut holders: Vec<std::process::Child> = disks
+        .iter()
+        .map(|d| {
+            Command::new("sh")
+                .args(["-c", &format!("exec 3<{}; exec sleep 600", d.path())])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut vmm = Vmm::spawn(&args);
+    vmm.wait_for(PROMPT);
+    // 1 MiB to each disk through the guest's page cache, then fsync: the
+    // guest's FLUSH is what must make it durable.
+    let out = vmm.shell(
+        "dd if=/dev/urandom of=/tmp/data bs=65536 count=16 2>/dev/null; \
+         for d in vda vdb vdc; do dd if=/tmp/data of=/dev/$d bs=65536 conv=fsync 2>/dev/null || echo $d failed; done; \
+         md5sum /tmp/data | cut -d' ' -f1",
+    );
+    assert!(!out.contains("failed"), "{out}");
+    let sum = out.trim().to_string();
+    assert_eq!(sum.len(), 32, "{out}");
+    vmm.signal(libc::SIGKILL);
+    vmm.wait_exit(Duration::from_secs(20));
+    let mut found = Vec::new();
+    for (disk, holder) in disks.iter().zip(&mut holders) {
+        disk.crash(&linear);
+        let _ = holder.kill();
+        let _ = holder.wait();
+        // What reached the device, below L1's cache of it.
+        let data = std::fs::read(&disk.file).unwrap();
+        found.push(md5_hex(&data[..1 << 20]));
+    }
+    assert_eq!(found[0], sum, "cache=writeback lost flushed data");
+    assert_eq!(found[1], sum, "cache=none lost flushed data");
+    // The control: flushes ignored, the data was only in L1's page cache.
+    assert_ne!(
+        found[2], sum,
+        "cache=unsafe kept its data: the crash did not drop the page cache"
+    );
 }
