@@ -473,6 +473,14 @@ impl QueueLoop for EpollLoop<QueueHandler> {
     /// the used ring (or still in the available ring) when the state is
     /// taken. The I/O threads stay, idle, for the resume.
     fn quiesce(&mut self) -> Result<(), StateError> {
+        // Held requests (werror/rerror=stop) complete only at a resume:
+        // no saved state can carry them, and waiting would time out.
+        let held = self.handler().errors.held();
+        if held > 0 {
+            return Err(StateError::Pause(format!(
+                "{held} requests are held after a host I/O error (werror/rerror=stop); resume the VM first"
+            )));
+        }
         self.handler_mut().drain(DRAIN_TIMEOUT).map_err(|left| {
             StateError::Pause(format!(
                 "{left} requests still in flight after {}s",

@@ -1876,6 +1876,12 @@ fn werror_stop_holds_a_failed_write_until_the_retry_and_rerror_report_fails_read
     assert_eq!(d.used_idx(), 0);
     assert_eq!(status(&mem), 0xff);
     assert_eq!(block.errors().held(), 1);
+    // No snapshot or migration can carry it: a pause says so at once.
+    let started = Instant::now();
+    let err = block.pause().unwrap_err().to_string();
+    assert!(err.contains("1 requests are held"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    block.resume().unwrap();
 
     // A read error with rerror=report goes to the guest at once.
     put_header(&mem, HDR + 16, VIRTIO_BLK_T_IN, 0);
