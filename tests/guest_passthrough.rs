@@ -82,6 +82,26 @@ fn msix_vectors(vmm: &mut Vmm) -> u32 {
     out.trim().parse().unwrap_or(0)
 }
 
+/// Writes 1 MiB of random data to the guest's /dev/nvme0n1 at `at_64k`
+/// 64 KiB blocks (conv=fsync), drops the guest's page cache, reads it back
+/// and checks it; returns the data's md5 for the host-side check.
+fn write_and_read_back(vmm: &mut Vmm, at_64k: u32) -> String {
+    let written = vmm.shell(&format!(
+        "dd if=/dev/urandom of=/tmp/data bs=64k count=16 2>/dev/null; md5sum < /tmp/data; \
+         dd if=/tmp/data of=/dev/nvme0n1 bs=64k seek={at_64k} conv=fsync 2>/dev/null; \
+         echo 3 > /proc/sys/vm/drop_caches; \
+         dd if=/dev/nvme0n1 bs=64k skip={at_64k} count=16 2>/dev/null | md5sum"
+    ));
+    let sums: Vec<&str> = written
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.len() == 32)
+        .collect();
+    assert_eq!(sums.len(), 2, "{written}");
+    assert_eq!(sums[0], sums[1], "read back differs from what was written");
+    sums[0].to_string()
+}
+
 #[test]
 #[ignore = "boots a real guest: run through the rig's IOMMU profile (scripts/test)"]
 fn nvme_passed_through_is_read_and_written_by_the_guest_driver() {
@@ -194,21 +214,8 @@ fn nvme_passed_through_is_read_and_written_by_the_guest_driver() {
         .parse()
         .unwrap_or_else(|_| panic!("no /dev/nvme0n1: {found}"));
     assert!(sectors >= 2 * 1024 * 100, "{sectors} sectors");
-    // 1 MiB of random data written at 1 MiB with O_SYNC semantics, read
-    // back past the page cache.
-    let written = vmm.shell(
-        "dd if=/dev/urandom of=/tmp/data bs=64k count=16 2>/dev/null; md5sum < /tmp/data; \
-         dd if=/tmp/data of=/dev/nvme0n1 bs=64k seek=16 conv=fsync 2>/dev/null; \
-         echo 3 > /proc/sys/vm/drop_caches; \
-         dd if=/dev/nvme0n1 bs=64k skip=16 count=16 2>/dev/null | md5sum",
-    );
-    let sums: Vec<&str> = written
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|w| w.len() == 32)
-        .collect();
-    assert_eq!(sums.len(), 2, "{written}");
-    assert_eq!(sums[0], sums[1], "read back differs from what was written");
+    // 1 MiB of random data written at 1 MiB, read back past the page cache.
+    let written_md5 = write_and_read_back(&mut vmm, 16);
     assert!(
         msix_vectors(&mut vmm) >= 2,
         "nvme without MSI-X vectors (admin and I/O queue)"
@@ -245,7 +252,7 @@ fn nvme_passed_through_is_read_and_written_by_the_guest_driver() {
     file.seek(SeekFrom::Start(1 << 20)).unwrap();
     let mut data = vec![0u8; 1 << 20];
     file.read_exact(&mut data).unwrap();
-    assert_eq!(md5_hex(&data), sums[0], "the backing file differs");
+    assert_eq!(md5_hex(&data), written_md5, "the backing file differs");
 
     // The device is free again: a second VM gets it.
     let mut again = Vmm::spawn(&["run", "--memory", "128M", "--device", &device]);
@@ -330,19 +337,7 @@ fn nvme_passed_through_is_driven_over_intx_when_the_guest_has_no_msi() {
 
     // 1 MiB of random data at 4 MiB (away from the MSI-X test's), read
     // back past the page cache.
-    let written = vmm.shell(
-        "dd if=/dev/urandom of=/tmp/data bs=64k count=16 2>/dev/null; md5sum < /tmp/data; \
-         dd if=/tmp/data of=/dev/nvme0n1 bs=64k seek=64 conv=fsync 2>/dev/null; \
-         echo 3 > /proc/sys/vm/drop_caches; \
-         dd if=/dev/nvme0n1 bs=64k skip=64 count=16 2>/dev/null | md5sum",
-    );
-    let sums: Vec<&str> = written
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|w| w.len() == 32)
-        .collect();
-    assert_eq!(sums.len(), 2, "{written}");
-    assert_eq!(sums[0], sums[1], "read back differs from what was written");
+    let written_md5 = write_and_read_back(&mut vmm, 64);
     let line = guest_interrupt_line(&mut vmm, "nvme0q0").unwrap();
     let after = interrupt_count(&line);
     // The write, the flush and the read each complete with an interrupt,
@@ -368,7 +363,7 @@ fn nvme_passed_through_is_driven_over_intx_when_the_guest_has_no_msi() {
     file.seek(SeekFrom::Start(4 << 20)).unwrap();
     let mut data = vec![0u8; 1 << 20];
     file.read_exact(&mut data).unwrap();
-    assert_eq!(md5_hex(&data), sums[0], "the backing file differs");
+    assert_eq!(md5_hex(&data), written_md5, "the backing file differs");
 }
 
 /// Brings `iface` up, waits for link, and gets a DHCP lease from QEMU's
