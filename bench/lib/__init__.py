@@ -6,7 +6,9 @@ pair (hakoniwa), QEMU's argv and QMP (qemu), KVM's trace events and where
 a stuck VM is (kvmtrace), the rig's known faults in a failed run's
 evidence (rigfaults), the host's huge page pool (hugepages), the guest
 tool hk-memtouch's lines (memtouch), an RFB client that timestamps
-updates (rfb_probe), the results' environment section (environment),
+updates (rfb_probe), a guest initramfs read and a host program with its
+libraries appended to it (initramfs), iperf3's command line and JSON
+reports (iperf3), the results' environment section (environment),
 tables and their cells (tables), figures (plots), and the options and
 defaults for the tree's binaries and guest (options; here the tree's
 ROOT and the guest's CMDLINE).

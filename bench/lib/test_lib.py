@@ -17,6 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lib import CMDLINE, ROOT  # noqa: E402
 from lib.console import PipeReader  # noqa: E402
 from lib.environment import vmm_environment  # noqa: E402
+from lib.initramfs import extract_from_cpio, newc_archive, with_program  # noqa: E402
+from lib.iperf3 import client_argv, parse_report, summarize  # noqa: E402
 from lib.memtouch import (DIRTY_DONE, DIRTY_READY, TOUCH_DONE, TOUCH_GUEST,  # noqa: E402
                           TOUCH_READY, TOUCH_THREAD)
 from lib.options import PATHS, add_path_options, exit_status  # noqa: E402
@@ -152,6 +154,57 @@ def test_memtouch_lines():
     assert DIRTY_READY.search(b"hk-memtouch: ready dirty mib=128\n")
     assert DIRTY_DONE.search(b"hk-memtouch: dirtied pages=1000 seconds=1.000 "
                              b"pages_per_s=1000\n")
+
+
+def test_initramfs_append():
+    import gzip
+    import json
+    import tempfile
+    arc = newc_archive({"usr/bin/tool": (0o755, b"abc"), "etc/x": (0o644, b"")})
+    # Directories first, each once, then the files, then the trailer.
+    names = re.findall(rb"070701[0-9A-F]{104}([^\0]+)\0", arc)
+    assert names == [b"etc", b"usr", b"usr/bin", b"etc/x", b"usr/bin/tool", b"TRAILER!!!"]
+    with tempfile.TemporaryDirectory() as d:
+        base = os.path.join(d, "base.gz")
+        with open(base, "wb") as f:
+            f.write(gzip.compress(newc_archive({"bin/busybox": (0o755, b"bb" * 1000)})))
+        out = os.path.join(d, "out.gz")
+        added = with_program(base, sys.executable, out)
+        assert added["usr/bin/" + os.path.basename(sys.executable)] == os.path.getsize(
+            os.path.realpath(sys.executable))
+        # The original archive comes first and is still read the same.
+        assert extract_from_cpio(out, {"bin/busybox"}) == {"bin/busybox": b"bb" * 1000}
+        with gzip.open(out) as f:
+            data = f.read()
+        assert data.count(b"TRAILER!!!") == 2
+        assert any(k.startswith("lib") for k in added), json.dumps(added)
+
+
+def test_iperf3_report():
+    argv = client_argv("10.0.2.2", 5201, 5, True)
+    assert argv[:3] == ["iperf3", "-c", "10.0.2.2"] and argv[-1] == "-R" and "-J" in argv
+    assert "-R" not in client_argv("h", 1, 1, False)
+    report = """{"start": {}, "intervals": [
+      {"sum": {"bits_per_second": 1e8}}, {"sum": {"bits_per_second": 3e8}}],
+     "end": {"sum_sent": {"bits_per_second": 2.1e8, "retransmits": 4},
+             "sum_received": {"bits_per_second": 2e8, "seconds": 2.0, "bytes": 5e7},
+             "cpu_utilization_percent": {"host_total": 50.0, "remote_total": 3.0}}}"""
+    r = parse_report("noise before\n" + report + "\n")
+    assert r["mbit_s"] == 200 and r["sender_mbit_s"] == 210 and r["retransmits"] == 4
+    assert r["interval_mbit_s"] == [100, 300] and r["cpu_client_pct"] == 50.0
+    for bad, says in (('{"error": "unable to connect to server"}', "unable to connect"),
+                      ("nothing", "no iperf3 report"), ('{"end": {}}', "sum_sent")):
+        try:
+            parse_report(bad)
+            raise AssertionError("parsed %r" % bad)
+        except ValueError as e:
+            assert says in str(e), e
+    s = summarize([dict(r, ok=True, interrupts=10), dict(r, ok=True, mbit_s=100,
+                                                         interrupts=30), {"ok": False}])
+    assert s["mbit_s"]["mean"] == 150 and s["mbit_s"]["range"] == 100
+    assert s["interrupts"]["mean"] == 20 and s["retransmits"]["mean"] == 4
+    assert s["interval_mbit_s"]["n"] == 4 and abs(s["interval_cv"] - 0.5) < 1e-9
+    assert summarize([])["mbit_s"] is None
 
 
 def main():
