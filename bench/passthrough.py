@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Passthrough benchmark (seed 004): a disk read's time and jitter, device
-passed through vs virtio-blk vs native, under CPU and I/O load.
+"""Passthrough benchmark (seed 004): a disk read's time and jitter, and a
+NIC's TCP throughput, device passed through vs virtio vs native, under CPU
+and I/O load.
 
 Watanabe et al. ("Performance evaluation of PCI Passthrough of Xen") time
 `dd` reading the first 1 GB of a disk (128 KB x 8000) in a measured VM, 50
@@ -9,11 +10,16 @@ driver or passed through (PCI Passthrough), natively for reference, while
 other domains or the host carry a CPU-bound (stress) or I/O-bound (a UDP
 flood into another VM) load; they report each case's mean, variance and
 max - min (their figures 6-9), and the cost per device interrupt against
-native (table 3). This is that experiment (the disk half) in the test
+native (table 3); then netperf's TCP throughput sending and receiving
+with the NIC passed through or given by the virtual driver (figure 12).
+This is that experiment in the test
 rig's IOMMU profile (HK_RIG_PROFILE=iommu, docs/rig.md): L1 has one CPU,
 CPU 0, an emulated NVMe disk bound to vfio-pci (HK_RIG_NVME_PCI, its
 backing file HK_RIG_NVME_IMAGE) and the native nvme modules staged
-(HK_RIG_NATIVE_MODULES).
+(HK_RIG_NATIVE_MODULES). The network half (iperf3 through the rig's
+e1000e, HK_RIG_E1000E_PCI) is described where its code begins, below;
+--half disk|net measures one half and writes the other's results again
+as the earlier passthrough.json has them.
 
 Paths (how the measured reader gets its disk):
 
@@ -77,14 +83,14 @@ boot, a read that fails or times out, a data check) is recorded and
 reported, never dropped, and the script exits 1.
 
 Writes bench/results/passthrough.json (every run, the summary, the
-environment), passthrough.md (tables, the paper's figures beside ours)
-and passthrough.png (the paper's figures 6-9 for these runs, where
-matplotlib is importable). Needs root, /dev/kvm and the rig's IOMMU
+environment; the network half under "network"), passthrough.md (tables,
+the paper's figures beside ours), passthrough.png (the paper's figures
+6-9 for these runs) and passthrough-net.png (figure 12), the figures where
+matplotlib is importable. Needs root, /dev/kvm and the rig's IOMMU
 profile; run through scripts/bench-passthrough.
 """
 
 import argparse
-import gzip
 import hashlib
 import json
 import os
@@ -103,6 +109,8 @@ from lib.console import PROMPT_RE, shell  # noqa: E402
 from lib.environment import (first_line, git_state, machine_memory_mib,  # noqa: E402
                              vmm_environment)
 from lib.hakoniwa import hk_ctl  # noqa: E402
+from lib.initramfs import extract_from_cpio, with_program  # noqa: E402
+from lib import iperf3  # noqa: E402
 from lib.options import add_path_options, exit_status  # noqa: E402
 from lib.plots import panels, save_figure  # noqa: E402
 from lib.qemu import qemu_argv  # noqa: E402
@@ -216,24 +224,6 @@ def sh(*argv):
 def drop_caches():
     os.sync()
     write("/proc/sys/vm/drop_caches", "3\n")
-
-
-def extract_from_cpio(initramfs, names):
-    """{name: bytes} of the regular files NAMES in a gzipped newc cpio."""
-    with gzip.open(initramfs) as f:
-        data = f.read()
-    found, off = {}, 0
-    while off + 110 <= len(data) and data[off:off + 6] in (b"070701", b"070702"):
-        filesize = int(data[off + 54:off + 62], 16)
-        namesize = int(data[off + 94:off + 102], 16)
-        name = data[off + 110:off + 110 + namesize - 1].decode("utf-8", "replace")
-        off = (off + 110 + namesize + 3) & ~3
-        if name == "TRAILER!!!":
-            break
-        if name.lstrip("./") in names and filesize:
-            found[name.lstrip("./")] = data[off:off + filesize]
-        off = (off + filesize + 3) & ~3
-    return found
 
 
 def read_snippet(dd, dev, count, irq_pattern, tmp):
@@ -860,7 +850,8 @@ def draw(path, args, cells, native_none):
     return True
 
 
-def write_markdown(path, result, args, cells, native_none, table3):
+def disk_markdown(result, args, cells, native_none, table3):
+    """The disk half's Markdown lines."""
     env = result["environment"]
     L = ["# PCI passthrough vs virtio-blk: a disk read under load (seed 004)", ""]
     L += md_context(env, IN_RIG)
@@ -952,13 +943,10 @@ def write_markdown(path, result, args, cells, native_none, table3):
                 "|", "/")])
     L.append(md_table(rows))
     L.append("")
-    L.append("## Not measured yet")
+    L.append("## Not measured")
     L.append("")
-    L.append("- The paper's network half (section 3.3, figure 12: netperf send and receive "
-             "throughput over a NIC passed through vs the virtual NIC, under a UDP flood "
-             "into the other VM; passthrough lost ~50 Mbit/s sending under load, the "
-             "virtual NIC ~30): iperf3 over the rig's e1000e passed through "
-             "(HK_RIG_E1000E_PCI) against virtio-net is not measured yet.")
+    L.append("- The paper's network half (section 3.3, figure 12) is the second part of "
+             "this file, below.")
     L.append("- Domain-0's own read (the paper's figure 6 (2)) has no counterpart: L1 "
              "reading natively is the native row.")
     L.append("")
@@ -1016,23 +1004,616 @@ def write_markdown(path, result, args, cells, native_none, table3):
                      (c.get("error") or "")[:300].replace("|", "/").replace("\n", " ")])
     L.append(md_table(rows))
     L.append("")
-    write(path, "\n".join(L))
+    return L
+
+
+# ------------------------------------------------------ the network half --
+#
+# Seed 004's section 3.3 (figure 12): TCP throughput of the measured VM,
+# sending and receiving, with the NIC passed through against Xen's virtual
+# driver (vif), without load and under load. Every path ends at the same
+# iperf3 server, in L0 (the machine the rig runs on), through the same
+# emulated e1000e and the same QEMU user network (slirp), where 10.0.2.2
+# is L0's loopback: the server listens on L0's 127.0.0.1 (scripts/
+# bench-passthrough starts it and passes its port). Only the way from the
+# measured iperf3 client to that e1000e differs:
+#
+#   passthrough  the guest's e1000e driver on the NIC passed through by
+#                hakoniwa (VFIO, irq_affinity=on);
+#   virtio       the guest's virtio-net, hakoniwa's device, a TAP in L1,
+#                a bridge in L1 with the e1000e driven by L1's own e1000e
+#                driver: Xen's vif and Domain-0's bridge;
+#   qemu         the guest's e1000e driver on the NIC passed through by
+#                QEMU's vfio-pci: the peer for passthrough;
+#   native       iperf3 in L1 itself over L1's e1000e driver.
+#
+# The guests are the default guest with the host's iperf3 and its shared
+# libraries appended to the initramfs (lib/initramfs.py): the Debian guest
+# has iperf3 too, but boots from a disk through systemd, which takes
+# minutes in the rig, needs a virtio-blk disk in every VM (a second
+# device under the one CPU) and is not the guest the disk half measures.
+
+NET_PATHS = ["passthrough", "virtio", "qemu", "native"]
+NET_PATH_TITLE = {
+    "passthrough": "e1000e passed through (hakoniwa)",
+    "virtio": "virtio-net (hakoniwa, TAP + bridge in L1)",
+    "qemu": "e1000e passed through (QEMU vfio-pci)",
+    "native": "e1000e native in L1",
+}
+NET_LOADS = ["none", "cpu-l1", "cpu-vm", "io"]
+DIRECTIONS = ["send", "receive"]
+SERVER = "10.0.2.2"     # slirp's address of L0 (its loopback)
+NET_IP = "10.0.2.15/24"  # slirp's first DHCP address, set statically
+NET_MAC = "52:54:00:00:04:0b"
+BRIDGE = "hkbr%d" % (os.getpid() % 10000)
+
+# Seed 004, section 3.3: netperf (TCP) between the measured Domain-U and an
+# outside machine, 5 runs per case averaged (figure 12, whose bars carry no
+# numbers in the text); table 4 the NIC's interrupts per netperf run (10 s,
+# netperf's default); the I/O load a UDP flood from an outside machine into
+# the load Domain-U's vif.
+PAPER_NET = {
+    "setup": "Xen 3.4.1, Core i7 920; Domain-0, the load and the measured Domain-U one "
+             "core each; the measured NIC an 82541GI (eth1), given by the vif (Domain-0's "
+             "bridge) or passed through; netperf 2.4.4 TCP to and from an outside machine, "
+             "5 runs per case (mean); the I/O load UDP from outside into the load "
+             "Domain-U on the other NIC (eth0)",
+    "runs": 5,
+    "no_load": "passthrough faster than vif both ways, the gap larger receiving",
+    "io_load_receive": "as without load: passthrough faster than vif",
+    "io_load_send_drop_mbit_s": {"passthrough": 50, "virtio": 30},
+    "interrupts_per_run": {"virtio": {"send": 75619.43, "receive": 64033.57},
+                           "passthrough": {"send": 77545.71, "receive": 66519.43}},
+}
+
+IPERF_JSON_RE = re.compile(r"^hk-json\n(.*?)^hk-json-end", re.M | re.S)
+IPERF_ST_RE = re.compile(r"^hk-st (\d+)", re.M)
+
+
+def iperf_snippet(argv, irq_pattern, tmp):
+    """The shell lines of one iperf3 run: the NIC's interrupt counts
+    before and after, the exit status and the JSON report."""
+    return (
+        "grep -E '{irq}' /proc/interrupts > {tmp}/hk-i0; "
+        "{cmd} > {tmp}/hk-j 2>&1; s=$?; "
+        "grep -E '{irq}' /proc/interrupts > {tmp}/hk-i1; "
+        "echo \"hk-st $s\"; sed 's/^/hk-i0 /' {tmp}/hk-i0; sed 's/^/hk-i1 /' {tmp}/hk-i1; "
+        "echo hk-json; cat {tmp}/hk-j; echo; echo hk-json-end"
+    ).format(irq=irq_pattern, tmp=tmp, cmd=" ".join(argv))
+
+
+def parse_iperf_run(text):
+    """One run's record from iperf_snippet's output (lib/iperf3.py's
+    fields, and the interrupts); raises ValueError."""
+    m = IPERF_JSON_RE.search(text)
+    if not m:
+        raise ValueError("no iperf3 report in %r" % text[-400:])
+    rec = iperf3.parse_report(m.group(1))
+    counts = {"i0": {}, "i1": {}}
+    for i in IRQ_RE.finditer(text):
+        name = i.group(4).split()[-1]
+        counts[i.group(1)][name] = sum(int(x) for x in i.group(3).split())
+    vectors = {k: v - counts["i0"].get(k, 0) for k, v in counts["i1"].items()}
+    rec["interrupts"] = sum(vectors.values()) if vectors else None
+    rec["vectors"] = vectors
+    return rec
+
+
+class L1Nic:
+    """The rig's e1000e driven by L1's own e1000e driver (unbound from
+    vfio-pci, rebound at close): NATIVE gives L1 the measured address on
+    it; otherwise it is bridged with a TAP for the virtio path's VM."""
+
+    def __init__(self, args, native):
+        self.args, self.pci = args, args.e1000e_pci
+        self.sysfs = "/sys/bus/pci/devices/%s" % self.pci
+        self.tap = None
+        try:
+            self._bind()
+            if native:
+                sh("ip", "addr", "add", NET_IP, "dev", self.iface)
+            else:
+                self.tap = "hknet%d" % (os.getpid() % 10000)
+                sh("ip", "tuntap", "add", "dev", self.tap, "mode", "tap")
+                sh("ip", "link", "add", BRIDGE, "type", "bridge")
+                for dev in (self.iface, self.tap):
+                    sh("ip", "link", "set", dev, "master", BRIDGE)
+                    sh("ip", "link", "set", dev, "up")
+                sh("ip", "link", "set", BRIDGE, "up")
+        except BaseException:
+            self.close()
+            raise
+
+    def driver(self):
+        link = os.path.join(self.sysfs, "driver")
+        return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+    def _bind(self):
+        if self.driver():
+            write(os.path.join(self.sysfs, "driver/unbind"), self.pci)
+        write(os.path.join(self.sysfs, "driver_override"), "\n")
+        if not os.path.isdir("/sys/module/e1000e"):
+            mods = self.args.native_modules
+            if not mods:
+                sh("modprobe", "e1000e")
+            else:
+                with open(mods) as f:
+                    for mod in f.read().split():
+                        if os.path.basename(mod) == "e1000e.ko":
+                            sh("insmod", mod)
+        write("/sys/bus/pci/drivers_probe", self.pci)
+        self.iface = None
+        for _ in range(300):
+            net = os.path.join(self.sysfs, "net")
+            if os.path.isdir(net) and os.listdir(net):
+                self.iface = os.listdir(net)[0]
+                break
+            time.sleep(0.1)
+        if not self.iface:
+            raise RuntimeError("%s: no interface after binding L1's e1000e driver (driver: "
+                               "%s)" % (self.pci, self.driver()))
+        sh("ip", "link", "set", self.iface, "up")
+        for _ in range(100):
+            if read("/sys/class/net/%s/carrier" % self.iface) == "1":
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("L1's %s (e1000e) has no link" % self.iface)
+
+    def close(self):
+        """Back to vfio-pci for the next cells."""
+        for dev in (self.tap, BRIDGE):
+            if dev:
+                subprocess.run(["ip", "link", "del", dev], stderr=subprocess.DEVNULL)
+        if self.driver():
+            write(os.path.join(self.sysfs, "driver/unbind"), self.pci)
+        write(os.path.join(self.sysfs, "driver_override"), "vfio-pci")
+        write("/sys/bus/pci/drivers_probe", self.pci)
+        if self.driver() != "vfio-pci":
+            raise RuntimeError("%s did not go back to vfio-pci (driver: %s)"
+                               % (self.pci, self.driver()))
+
+
+def net_vm_argv(args, path, sock, tap="TAP"):
+    """The measured VM's argv for the network PATH (passthrough, virtio or
+    qemu): the default guest with iperf3."""
+    kernel, initrd = args.work_kernel, args.net_initramfs
+    if path == "qemu":
+        return ["taskset", "-c", "0"] + qemu_argv(
+            args.qemu, kernel, initrd, CMDLINE, args.memory_mib, cpus=1, machine="pc",
+            accel="kvm", extra=["-device", "vfio-pci,host=%s" % args.e1000e_pci])
+    argv = [args.hakoniwa, "run", "--kernel", kernel, "--initramfs", initrd, "--cmdline",
+            CMDLINE, "--cpus", PIN, "--memory", "%dM" % args.memory_mib, "--api-socket", sock]
+    if path == "virtio":
+        return argv + ["--net", "tap=%s,mac=%s" % (tap, NET_MAC)]
+    return argv + ["--device", "path=/sys/bus/pci/devices/%s,id=nic0,irq_affinity=on"
+                   % args.e1000e_pci]
+
+
+class NetClient:
+    """Where the measured iperf3 client runs: a VM (hakoniwa or QEMU) with
+    its shell on the console and the NIC configured, or L1 itself."""
+
+    def __init__(self, args, path, work):
+        self.args, self.path, self.work = args, path, work
+        self.sock = os.path.join(work, "net-%s.sock" % path)
+        self.vm = self.l1nic = None
+        t0 = time.monotonic()
+        try:
+            if path in ("virtio", "native"):
+                self.l1nic = L1Nic(args, native=(path == "native"))
+            if path == "native":
+                self.iface = self.l1nic.iface
+                self.irq = " %s(-|$)" % self.iface
+            else:
+                self.argv = net_vm_argv(args, path, self.sock,
+                                        self.l1nic.tap if self.l1nic else "TAP")
+                self.vm = Proc(self.argv, path)
+                self._configure_guest()
+        except BaseException:
+            self.close()
+            raise
+        self.boot_s = time.monotonic() - t0
+
+    def _configure_guest(self):
+        con, args = self.vm.con, self.args
+        if not con.wait(PROMPT_RE, 0, args.boot_timeout):
+            raise RuntimeError("no guest prompt within %d s: %s" % (args.boot_timeout,
+                                                                    self.vm.tails()))
+        out = shell(con, "for i in $(seq 300); do n=$(ls /sys/class/net | grep -v '^lo$') "
+                    "&& [ -n \"$n\" ] && break; sleep 0.1; done; echo $n", 60)
+        self.iface = out.strip()
+        if not re.fullmatch(r"[\w.-]+", self.iface):
+            raise RuntimeError("the guest has no NIC, or more than one: %r" % out)
+        out = shell(con, "ip link set {i} up; for n in $(seq 300); do [ \"$(cat "
+                    "/sys/class/net/{i}/carrier 2>/dev/null)\" = 1 ] && break; sleep 0.1; "
+                    "done; ip addr add {ip} dev {i}; cat /sys/class/net/{i}/carrier; "
+                    "basename $(readlink /sys/class/net/{i}/device/driver); "
+                    "basename $(readlink /sys/class/net/{i}/device)"
+                    .format(i=self.iface, ip=NET_IP), 60).split()
+        if len(out) < 3 or out[0] != "1":
+            raise RuntimeError("no link on the guest's %s: %r" % (self.iface, out))
+        self.guest_driver = out[1]
+        # e1000e names its MSI-X vectors IFACE-rx-0, IFACE-tx-0 and IFACE;
+        # virtio-net virtioN-input.0, virtioN-output.0 and virtioN-config.
+        self.irq = ("%s-(input|output)" % out[2] if self.path == "virtio"
+                    else " %s(-|$)" % self.iface)
+
+    def alive(self):
+        return self.vm is None or self.vm.alive()
+
+    def run(self, direction, seconds, timeout):
+        argv = iperf3.client_argv(SERVER, self.args.iperf3_port, seconds,
+                                  direction == "receive")
+        if self.vm is None:
+            snippet = iperf_snippet(argv, self.irq, self.work)
+            out = subprocess.run(["sh", "-c", snippet], capture_output=True, text=True,
+                                 timeout=timeout)
+            return out.stdout + out.stderr
+        return shell(self.vm.con, iperf_snippet(argv, self.irq, "/tmp"), timeout)
+
+    def isolation(self):
+        if self.path in ("passthrough", "virtio"):
+            return hk_ctl(self.args.hakoniwa, self.sock, "isolation", "--json")
+        return None
+
+    def close(self):
+        if self.vm is not None:
+            if self.vm.alive():
+                try:
+                    self.vm.con.send("poweroff\n")
+                    self.vm.proc.wait(30)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            self.vm.stop(5)
+        if self.l1nic is not None:
+            nic, self.l1nic = self.l1nic, None
+            nic.close()
+
+
+def measure_net(args, client, cell):
+    """A warm-up second (not counted), then the runs of one cell, each
+    direction in turn, into CELL."""
+    timeout = args.net_seconds + 90
+    try:
+        out = client.run("send", 1, timeout)
+        cell["warmup"] = {k: v for k, v in parse_iperf_run(out).items()
+                          if k in ("mbit_s", "retransmits", "interrupts")}
+    except (RuntimeError, ValueError, subprocess.TimeoutExpired, OSError) as e:
+        cell["error"] = "warm-up: %s" % str(e)[:1500]
+        log("  warm-up FAILED: %s" % cell["error"][:400])
+        return
+    for i in range(args.net_runs):
+        for d in DIRECTIONS:
+            rec = {"run": i, "ok": False}
+            cell["runs"][d].append(rec)
+            if not client.alive():
+                rec["error"] = "the client's VM had exited: %s" % client.vm.tails()
+                return
+            try:
+                rec.update(parse_iperf_run(client.run(d, args.net_seconds, timeout)))
+                rec["ok"] = True
+            except (RuntimeError, ValueError, subprocess.TimeoutExpired, OSError) as e:
+                rec["error"] = str(e)[:2000]
+                log("    run %d %s FAILED: %s" % (i + 1, d, rec["error"][:300]))
+                if isinstance(e, RuntimeError) and "did not" in str(e):
+                    cell["client_stuck"] = True
+                    return
+                continue
+            log("    run %d %-7s %7.1f Mbit/s, %s retransmits, %s interrupts" % (
+                i + 1, d, rec["mbit_s"], rec["retransmits"], rec["interrupts"]))
+
+
+def summarize_net_cell(args, cell):
+    cell["summary"] = {d: iperf3.summarize(cell["runs"][d]) for d in DIRECTIONS}
+    errors = [r["error"] for d in DIRECTIONS for r in cell["runs"][d] if not r["ok"]]
+    n = min(len([r for r in cell["runs"][d] if r["ok"]]) for d in DIRECTIONS)
+    if n < args.net_runs and not errors and not cell.get("error"):
+        errors.append("%d of %d runs" % (n, args.net_runs))
+    if errors and not cell.get("error"):
+        cell["error"] = "; ".join(errors)[:2000]
+    cell["ok"] = not cell.get("error")
+
+
+def run_network(args, work):
+    """The network half's cells; the same load VM and loads as the disk
+    half."""
+    cells = []
+    for path in args.net_paths:
+        client = loadvm = None
+        for load in args.net_loads:
+            cell = {"path": path, "load": load, "runs": {d: [] for d in DIRECTIONS},
+                    "ok": False}
+            cells.append(cell)
+            log("net: %s, %s:" % (NET_PATH_TITLE[path], LOAD_TITLE[load]))
+            ld = None
+            try:
+                if load in VM_LOADS and loadvm is None:
+                    loadvm = LoadVm(args, work)
+                    cell["load_vm_boot_s"] = round(loadvm.boot_s, 1)
+                ld = Load(args, load, loadvm if load in VM_LOADS else None)
+                ld.start()
+                if client is None or not client.alive():
+                    if client is not None:
+                        cell["note"] = "the measured VM had exited: booted again"
+                        client.close()
+                    client = NetClient(args, path, work)
+                    cell["boot_s"] = round(client.boot_s, 2)
+                    cell["iface"] = client.iface
+                    cell["driver"] = getattr(client, "guest_driver", "e1000e (L1)")
+                if path in ("passthrough", "virtio"):
+                    try:
+                        cell["isolation"] = client.isolation()
+                    except (RuntimeError, subprocess.TimeoutExpired) as e:
+                        cell["isolation"] = {"error": str(e)}
+                measure_net(args, client, cell)
+                if cell.get("client_stuck"):
+                    client.close()
+                    client = None
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                cell["error"] = "%s" % e
+                log("  FAILED: %s" % str(e)[:600])
+            finally:
+                if ld:
+                    errs = ld.stop()
+                    cell["load_info"] = ld.info
+                    if errs:
+                        cell["error"] = "; ".join(filter(None, [cell.get("error")]
+                                                     + ["load: " + x for x in errs]))
+            summarize_net_cell(args, cell)
+            s = cell["summary"]
+            log("  send %s Mbit/s, receive %s Mbit/s (means)%s" % (
+                fmt(s["send"]["mbit_s"] and s["send"]["mbit_s"]["mean"], "%.1f"),
+                fmt(s["receive"]["mbit_s"] and s["receive"]["mbit_s"]["mean"], "%.1f"),
+                "" if cell["ok"] else "  (FAILED: %s)" % cell["error"][:300]))
+        for what in (client, loadvm):
+            if what is None:
+                continue
+            try:
+                what.close()
+            except (RuntimeError, OSError) as e:
+                cells[-1]["error"] = "; ".join(filter(None, [cells[-1].get("error"),
+                                                             "closing: %s" % e]))
+                cells[-1]["ok"] = False
+                log("  FAILED closing: %s" % e)
+    return cells
+
+
+def net_get(cells, path, load, direction, key="mbit_s"):
+    for c in cells:
+        if c["path"] == path and c["load"] == load:
+            return c["summary"][direction].get(key)
+    return None
+
+
+def net_rows(cells, direction):
+    rows = [["path", "load", "runs", "mean Mbit/s", "min", "max", "max-min", "p50", "p99",
+             "per-second CV", "retransmits/run", "interrupts/run", "ok"]]
+    for c in cells:
+        s = c["summary"][direction]
+        m = s["mbit_s"]
+        rows.append([c["path"], c["load"], "%d" % (m["n"] if m else 0),
+                     fmt(m and m["mean"], "%.1f"), fmt(m and m["min"], "%.1f"),
+                     fmt(m and m["max"], "%.1f"), fmt(m and m["range"], "%.1f"),
+                     fmt(m and m["p50"], "%.1f"), fmt(m and m["p99"], "%.1f"),
+                     fmt(s["interval_cv"], "%.2f"),
+                     fmt(s["retransmits"] and s["retransmits"]["mean"], "%.1f"),
+                     fmt(s["interrupts"] and s["interrupts"]["mean"], "%.0f"),
+                     "yes" if c["ok"] else "**no**"])
+    return rows
+
+
+def net_paper_rows(net):
+    """Our network figures beside what seed 004's text says of figure 12
+    and its table 4."""
+    cells, p = net["cells"], PAPER_NET
+
+    def mean(path, load, d):
+        m = net_get(cells, path, load, d)
+        return m["mean"] if m else None
+
+    def ratio(d, load):
+        a, b = mean("passthrough", load, d), mean("virtio", load, d)
+        q = mean("qemu", load, d)
+        return ("passthrough %s, virtio %s Mbit/s (%s); QEMU %s" % (
+            fmt(a, "%.1f"), fmt(b, "%.1f"),
+            "passthrough/virtio %.2f" % (a / b) if a and b else "-", fmt(q, "%.1f")))
+
+    def drop(path, d, load="io"):
+        a, b = mean(path, "none", d), mean(path, load, d)
+        return fmt(b - a if a is not None and b is not None else None, "%+.1f Mbit/s")
+
+    rows = [["figure", "paper (Xen, netperf, GbE, %d runs)" % p["runs"],
+             "ours (iperf3 %d s x %d, rig)" % (net["parameters"]["net_seconds"],
+                                               net["parameters"]["net_runs"])]]
+    rows.append(["no load: send", p["no_load"], ratio("send", "none")])
+    rows.append(["no load: receive", p["no_load"], ratio("receive", "none")])
+    rows.append(["I/O load: receive", p["io_load_receive"], ratio("receive", "io")])
+    for path, name in (("passthrough", "passthrough"), ("virtio", "vif / virtio")):
+        rows.append(["I/O load - no load, send: %s" % name,
+                     "about -%d Mbit/s" % p["io_load_send_drop_mbit_s"][path],
+                     drop(path, "send")])
+    rows.append(["I/O load - no load, send: QEMU passthrough", "-", drop("qemu", "send")])
+    for path, name in (("passthrough", "passthrough"), ("virtio", "vif / virtio")):
+        for d in DIRECTIONS:
+            i = net_get(cells, path, "none", d, "interrupts")
+            rows.append(["%s: interrupts per run, %s (table 4)" % (name, d),
+                         "%.0f per 10 s" % p["interrupts_per_run"][path][d],
+                         "%s per %d s" % (fmt(i and i["mean"], "%.0f"),
+                                          net["parameters"]["net_seconds"])])
+    return rows
+
+
+def draw_net(path, net):
+    """The paper's figure 12 for these runs: mean throughput per path and
+    load, sending and receiving, the runs' min-max as error bars."""
+    fig, axes = panels(1, 2, (13, 5))
+    if fig is None:
+        return False
+    cells, prm = net["cells"], net["parameters"]
+    colors = {"virtio": "tab:red", "passthrough": "tab:blue", "native": "tab:gray",
+              "qemu": "tab:green"}
+    paths = [p for p in NET_PATHS if p in prm["net_paths"]]
+    loads = prm["net_loads"]
+    width = 0.8 / max(1, len(paths))
+    for ax, d in zip(axes, DIRECTIONS):
+        for j, p in enumerate(paths):
+            xs, ys, lo, hi = [], [], [], []
+            for i, ld in enumerate(loads):
+                m = net_get(cells, p, ld, d)
+                xs.append(i + (j - (len(paths) - 1) / 2) * width)
+                ys.append(m["mean"] if m else float("nan"))
+                lo.append(m["mean"] - m["min"] if m else 0)
+                hi.append(m["max"] - m["mean"] if m else 0)
+            ax.bar(xs, ys, width * 0.95, color=colors[p], label=NET_PATH_TITLE[p],
+                   yerr=[lo, hi], capsize=3)
+        ax.set_title("%s (the measured VM %s L0's iperf3 server)" % (
+            d, "to" if d == "send" else "from"), fontsize=10)
+        ax.set_ylabel("Mbit/s (mean of the runs; bars: min-max)")
+        ax.set_xticks(range(len(loads)))
+        ax.set_xticklabels(loads)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("iperf3 TCP, %d s x %d runs per cell, in the rig (L1: 1 CPU)  [paper fig. 12]"
+                 % (prm["net_seconds"], prm["net_runs"]), fontsize=11)
+    save_figure(fig, path, 110)
+    return True
+
+
+def net_markdown(net):
+    env, prm, cells = net["environment"], net["parameters"], net["cells"]
+    L = ["# Network: the e1000e passed through vs virtio-net (seed 004, figure 12)", ""]
+    L.append("`%s`, %s (%.0f s, %.1f min). Seed 004 section 3.3: TCP throughput of the "
+             "measured VM sending and receiving, the NIC passed through against the virtual "
+             "driver, without and with load. Paper: %s." % (
+                 net["command"], env["date_utc"], net["total_s"], net["total_s"] / 60,
+                 PAPER_NET["setup"]))
+    L.append("")
+    L.append("Here: iperf3 (TCP, one stream, `-t %d`), %d runs per cell and direction (the "
+             "paper: netperf's 10 s, 5 runs; `--full` gives 10 s x 5), after a 1 s warm-up "
+             "run that is not counted; the default is scaled to the rig. Loads: %s, from "
+             "the disk half's set (the paper's network load was the I/O load only). L1 "
+             "has one CPU: the measured VM, the load VM, stress and the UDP sender share "
+             "it, where the paper gave each domain a core." % (
+                 prm["net_seconds"], prm["net_runs"], ", ".join(prm["net_loads"])))
+    L.append("")
+    L.append("**Topology.** Every path ends at the same iperf3 server: `iperf3 -s` in L0 "
+             "(the machine the rig runs on), on 127.0.0.1 port %d, which L1's QEMU user "
+             "network (slirp) reaches as 10.0.2.2. Every path also leaves through the same "
+             "emulated e1000e of the iommu profile and the same slirp, so that only the "
+             "way from the measured iperf3 client to that NIC differs: the guest's own "
+             "e1000e driver on the NIC passed through (hakoniwa, or QEMU's vfio-pci); the "
+             "guest's virtio-net through hakoniwa, a TAP and a bridge in L1 to the NIC "
+             "driven by L1's e1000e driver (Xen's vif and Domain-0's bridge); and L1's "
+             "own driver (native). The client has %s." % (prm["iperf3_port"], NET_IP))
+    L.append("")
+    L.append("Send is the measured client sending (`iperf3 -c`), receive the server "
+             "sending to it (`-R`); the throughput is what the receiver counted, the "
+             "retransmits the sender's (iperf3 reports them on Linux), the per-second CV "
+             "the coefficient of variation of the one-second samples over all runs of a "
+             "cell (TCP has no jitter of its own in iperf3; this is the within-run "
+             "jitter), interrupts the client's NIC vectors in /proc/interrupts per run.")
+    L.append("")
+    L.append("**This machine was shared**: other helpers built and ran rigs on L0's two "
+             "CPUs during the run (L0's load average before: %s; after: %s). L0's slirp "
+             "and the iperf3 server run on those CPUs." % (
+                 env.get("l0_loadavg_before") or "-", env.get("l0_loadavg_after") or "-"))
+    L.append("")
+    failed = [c for c in cells if not c["ok"]]
+    if failed:
+        L.append("**%d cell(s) failed** (below, and in passthrough.json):" % len(failed))
+        L.append("")
+        for c in failed:
+            L.append("- %s / %s: %s" % (c["path"], c["load"], c["error"][:600]))
+        L.append("")
+    L.append("## The paper's figure 12 beside ours")
+    L.append("")
+    L.append(md_table(net_paper_rows(net)))
+    L.append("")
+    L.append("Figure 12's bars carry no numbers in the paper's text; what it says of them "
+             "is quoted. ![figure 12 for this run](passthrough-net.png)")
+    L.append("")
+    for d in DIRECTIONS:
+        L.append("## %s, Mbit/s" % d.capitalize())
+        L.append("")
+        L.append(md_table(net_rows(cells, d)))
+        L.append("")
+    L.append("## Paths and loads")
+    L.append("")
+    for p in prm["net_paths"]:
+        L.append("- **%s**: %s" % (p, NET_PATH_TITLE[p]))
+    for ld in prm["net_loads"]:
+        L.append("- load **%s**: %s" % (ld, LOAD_TITLE[ld]))
+    L.append("")
+    L.append("```")
+    L.append(iperf_snippet(iperf3.client_argv(SERVER, "PORT", prm["net_seconds"], False),
+                           "VECTORS", "/tmp").replace("; ", "\n"))
+    L.append("```")
+    L.append("")
+    L.append("## Network command lines")
+    L.append("")
+    L += md_command_lines(net["argv"])
+    L.append("")
+    L.append("## Network environment")
+    L.append("")
+    L += md_environment(env)
+    L.append("")
+    L.append("## Network: all runs")
+    L.append("")
+    rows = [["path", "load", "boot s", "send Mbit/s (retransmits)",
+             "receive Mbit/s (retransmits)", "error"]]
+    for c in cells:
+        rows.append([c["path"], c["load"], fmt(c.get("boot_s"), "%.1f")] + [
+            " ".join("%.1f (%s)" % (r["mbit_s"], r["retransmits"]) if r["ok"] else
+                     "**failed**" for r in c["runs"][d]) or "-" for d in DIRECTIONS] + [
+            (c.get("error") or "")[:300].replace("|", "/").replace("\n", " ")])
+    L.append(md_table(rows))
+    L.append("")
+    return L
 
 
 # ---------------------------------------------------------------- main ----
 
-def main():
+
+def l0_loadavg(path):
+    """The newest line of the L0 load-average log scripts/bench-passthrough
+    keeps (the project share is L0's tree), or None."""
+    try:
+        with open(path) as f:
+            lines = [x.strip() for x in f if x.strip()]
+        return lines[-1] if lines else None
+    except (OSError, TypeError):
+        return None
+
+
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--half", choices=("both", "disk", "net"), default="both",
+                   help="which half to measure (default both); the other half's results "
+                        "are kept from the existing passthrough.json and written again")
     p.add_argument("--runs", type=int, default=None, help="runs per cell (default 10; "
                    "--full: 50)")
     p.add_argument("--mib", type=int, default=None, help="MiB per read, a multiple of 1/8 "
                    "(128 KiB blocks; default 64; --full: 1000, dd count=8000)")
     p.add_argument("--full", action="store_true",
-                   help="the paper's size: 1000 MiB (count=8000) x 50 runs")
+                   help="the paper's sizes: 1000 MiB (count=8000) x 50 runs; iperf3 10 s x 5")
     p.add_argument("--paths", nargs="+", default=PATHS, choices=PATHS, metavar="PATH",
                    help="readers (default: %s)" % " ".join(PATHS))
     p.add_argument("--loads", nargs="+", default=LOADS, choices=LOADS, metavar="LOAD",
                    help="loads (default: %s)" % " ".join(LOADS))
+    p.add_argument("--net-runs", type=int, default=None,
+                   help="iperf3 runs per network cell and direction (default 3; --full: 5)")
+    p.add_argument("--net-seconds", type=int, default=None,
+                   help="seconds per iperf3 run (default 5; --full: 10)")
+    p.add_argument("--net-paths", nargs="+", default=NET_PATHS, choices=NET_PATHS,
+                   metavar="PATH", help="network paths (default: %s)" % " ".join(NET_PATHS))
+    p.add_argument("--net-loads", nargs="+", default=NET_LOADS, choices=LOADS, metavar="LOAD",
+                   help="network loads (default: %s)" % " ".join(NET_LOADS))
+    p.add_argument("--iperf3-port", type=int, default=None,
+                   help="port of the iperf3 server on L0's 127.0.0.1 (scripts/"
+                        "bench-passthrough starts it)")
+    p.add_argument("--l0-loadavg", default=None,
+                   help="a file L0 appends its /proc/loadavg to (scripts/bench-passthrough)")
     p.add_argument("--memory-mib", type=int, default=512, help="measured VM's RAM (512)")
     p.add_argument("--load-memory-mib", type=int, default=256, help="load VM's RAM (256)")
     p.add_argument("--udp-size", type=int, default=1472,
@@ -1048,24 +1629,37 @@ def main():
     p.add_argument("--nvme-image", default=os.environ.get("HK_RIG_NVME_IMAGE"),
                    help="its backing file, where the data is written "
                         "(default $HK_RIG_NVME_IMAGE)")
+    p.add_argument("--e1000e-pci", default=os.environ.get("HK_RIG_E1000E_PCI"),
+                   help="the e1000e bound to vfio-pci (default $HK_RIG_E1000E_PCI)")
     p.add_argument("--native-modules", default=os.environ.get("HK_RIG_NATIVE_MODULES"),
-                   help="L1's nvme modules to insmod (default $HK_RIG_NATIVE_MODULES; "
-                        "none: modprobe nvme)")
+                   help="L1's nvme and e1000e modules to insmod (default "
+                        "$HK_RIG_NATIVE_MODULES; none: modprobe)")
+    p.add_argument("--iperf3", default="/usr/bin/iperf3",
+                   help="the iperf3 put into the guests and run in L1 (default /usr/bin/iperf3)")
     add_path_options(p, "kernel", "initramfs", "hakoniwa", "qemu")
     p.add_argument("--workdir", default="/tmp", help="for the image (default /tmp)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"),
                    help="directory for passthrough.json, .md and .png")
     args = p.parse_args()
-
     args.runs = args.runs or (50 if args.full else 10)
     args.mib = args.mib or (1000 if args.full else 64)
     args.count = args.mib * MIB // BS
     args.paths = [x for x in PATHS if x in args.paths]
     args.loads = [x for x in LOADS if x in args.loads]
+    args.net_runs = args.net_runs or (5 if args.full else 3)
+    args.net_seconds = args.net_seconds or (10 if args.full else 5)
+    args.net_paths = [x for x in NET_PATHS if x in args.net_paths]
+    args.net_loads = [x for x in LOADS if x in args.net_loads]
     args.read_timeout = args.read_timeout or 120 + args.mib
-    prog = "passthrough.py"
-    if args.runs < 1 or args.mib < 1:
-        sys.exit("%s: --runs and --mib must be positive" % prog)
+    args.disk = args.half in ("both", "disk")
+    args.net = args.half in ("both", "net")
+    return args
+
+
+def check_args(args, prog):
+    """Exits with one line where the run cannot work."""
+    if args.runs < 1 or args.mib < 1 or args.net_runs < 1 or args.net_seconds < 1:
+        sys.exit("%s: --runs, --mib, --net-runs and --net-seconds must be positive" % prog)
     if os.geteuid() != 0:
         sys.exit("%s: needs root (vfio, TAP devices, drop_caches)" % prog)
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
@@ -1075,12 +1669,14 @@ def main():
             sys.exit("%s: %s is missing (scripts/build-guest builds it)" % (prog, path))
     if not os.access(args.hakoniwa, os.X_OK):
         sys.exit("%s: %s is missing (cargo build --release)" % (prog, args.hakoniwa))
-    if "qemu" in args.paths and not shutil.which(args.qemu):
+    qemu = (args.disk and "qemu" in args.paths) or (args.net and "qemu" in args.net_paths)
+    if qemu and not shutil.which(args.qemu):
         sys.exit("%s: %s not found (apt-get install qemu-system-x86)" % (prog, args.qemu))
-    if any(x in args.loads for x in ("cpu-l1", "cpu-both")) and not shutil.which("stress"):
+    loads = (args.loads if args.disk else []) + (args.net_loads if args.net else [])
+    if any(x in loads for x in ("cpu-l1", "cpu-both")) and not shutil.which("stress"):
         sys.exit("%s: stress not found (apt-get install stress, on the host for the rig)"
                  % prog)
-    nvme_paths = {"passthrough", "native", "qemu"} & set(args.paths)
+    nvme_paths = {"passthrough", "native", "qemu"} & set(args.paths) if args.disk else set()
     if nvme_paths:
         if not args.nvme_pci or not args.nvme_image:
             sys.exit("%s: no NVMe bound to vfio-pci (HK_RIG_NVME_PCI, HK_RIG_NVME_IMAGE): run "
@@ -1092,139 +1688,136 @@ def main():
         if size < args.mib * MIB:
             sys.exit("%s: the NVMe holds %d MiB, fewer than --mib %d (HK_RIG_NVME_MB)"
                      % (prog, size // MIB, args.mib))
-    files = extract_from_cpio(args.initramfs, {"bin/busybox", "etc/hk-modules-nvme"})
-    if "etc/hk-modules-nvme" not in files and nvme_paths - {"native"}:
-        sys.exit("%s: the guest has no nvme driver (etc/hk-modules-nvme): rebuild it "
-                 "(scripts/build-guest)" % prog)
-    if "bin/busybox" not in files:
-        sys.exit("%s: no bin/busybox in %s" % (prog, args.initramfs))
+    if args.net:
+        if not args.e1000e_pci:
+            sys.exit("%s: no e1000e bound to vfio-pci (HK_RIG_E1000E_PCI): run in the rig's "
+                     "IOMMU profile (scripts/bench-passthrough does)" % prog)
+        drv = os.path.join("/sys/bus/pci/devices", args.e1000e_pci, "driver")
+        if not os.path.islink(drv) or os.path.basename(os.readlink(drv)) != "vfio-pci":
+            sys.exit("%s: %s is not bound to vfio-pci" % (prog, args.e1000e_pci))
+        if not args.iperf3_port:
+            sys.exit("%s: no --iperf3-port: the iperf3 server runs in L0, started by "
+                     "scripts/bench-passthrough" % prog)
+        if not os.access(args.iperf3, os.X_OK):
+            sys.exit("%s: %s is missing (apt-get install iperf3, on the host for the rig)"
+                     % (prog, args.iperf3))
+    return nvme_paths
 
-    work = tempfile.mkdtemp(prefix="hk-bench-passthrough.", dir=args.workdir)
+
+def run_disk(args, work, nvme_paths):
+    """The disk half: its result dict (the top level of passthrough.json)."""
     t_start = time.monotonic()
     cells = []
     native_iommu_domain = None
-    subprocess.run(["ip", "link", "set", "lo", "up"], stderr=subprocess.DEVNULL)
-    try:
-        args.work_kernel = shutil.copy(args.kernel, os.path.join(work, "vmlinuz"))
-        args.work_initramfs = shutil.copy(args.initramfs, os.path.join(work,
-                                                                       "initramfs.cpio.gz"))
-        args.busybox = os.path.join(work, "busybox")
-        with open(args.busybox, "wb") as f:
-            f.write(files["bin/busybox"])
-        os.chmod(args.busybox, 0o755)
-        # The data: the same random bytes in the image and on the NVMe.
-        t = time.monotonic()
-        data = os.urandom(args.mib * MIB)
-        args.data_md5 = hashlib.md5(data).hexdigest()
-        args.image = os.path.join(work, "disk.img")
-        with open(args.image, "wb") as f:
+    # The data: the same random bytes in the image and on the NVMe.
+    t = time.monotonic()
+    data = os.urandom(args.mib * MIB)
+    args.data_md5 = hashlib.md5(data).hexdigest()
+    args.image = os.path.join(work, "disk.img")
+    with open(args.image, "wb") as f:
+        f.write(data)
+    if nvme_paths:
+        with open(args.nvme_image, "r+b") as f:
             f.write(data)
-        if nvme_paths:
-            with open(args.nvme_image, "r+b") as f:
-                f.write(data)
-        del data
-        os.sync()
-        data_s = time.monotonic() - t
+    del data
+    os.sync()
+    data_s = time.monotonic() - t
 
-        env = vmm_environment(
-            RIG_NOTE, "times", args.hakoniwa, args.qemu if "qemu" in args.paths else None,
-            args.kernel, args.initramfs, CMDLINE, vcpus=1, memory_mib=args.memory_mib,
-            relative_to=ROOT,
-            machine={"memory_mib_l1": machine_memory_mib(),
-                     "l1_cmdline": read("/proc/cmdline")},
-            tools={"stress_version": first_line(["stress", "--version"])},
-            run={"git": dict(zip(("commit", "uncommitted"), git_state(ROOT, 20))),
-                 "rig_settings": {k: v for k, v in sorted(os.environ.items())
-                                  if k.startswith("HK_RIG_")},
-                 "nvme": {"pci": args.nvme_pci, "image": args.nvme_image,
-                          "vendor_device": "%s:%s" % (
-                              read("/sys/bus/pci/devices/%s/vendor" % args.nvme_pci),
-                              read("/sys/bus/pci/devices/%s/device" % args.nvme_pci))
-                          if args.nvme_pci else None},
-                 "hakoniwa_binary": os.path.realpath(args.hakoniwa),
-                 "data_write_s": round(data_s, 1)})
-        log("passthrough benchmark: %s" % env["note"])
-        log("%d MiB per read (dd bs=128K count=%d iflag=direct), %d runs per cell; paths %s; "
-            "loads %s" % (args.mib, args.count, args.runs, " ".join(args.paths),
-                          " ".join(args.loads)))
+    env = vmm_environment(
+        RIG_NOTE, "times", args.hakoniwa, args.qemu if "qemu" in args.paths else None,
+        args.kernel, args.initramfs, CMDLINE, vcpus=1, memory_mib=args.memory_mib,
+        relative_to=ROOT,
+        machine={"memory_mib_l1": machine_memory_mib(),
+                 "l1_cmdline": read("/proc/cmdline")},
+        tools={"stress_version": first_line(["stress", "--version"])},
+        run={"git": dict(zip(("commit", "uncommitted"), git_state(ROOT, 20))),
+             "rig_settings": {k: v for k, v in sorted(os.environ.items())
+                              if k.startswith("HK_RIG_")},
+             "nvme": {"pci": args.nvme_pci, "image": args.nvme_image,
+                      "vendor_device": "%s:%s" % (
+                          read("/sys/bus/pci/devices/%s/vendor" % args.nvme_pci),
+                          read("/sys/bus/pci/devices/%s/device" % args.nvme_pci))
+                      if args.nvme_pci else None},
+             "hakoniwa_binary": os.path.realpath(args.hakoniwa),
+             "data_write_s": round(data_s, 1),
+             "l0_loadavg_before": l0_loadavg(args.l0_loadavg)})
+    log("passthrough benchmark: %s" % env["note"])
+    log("%d MiB per read (dd bs=128K count=%d iflag=direct), %d runs per cell; paths %s; "
+        "loads %s" % (args.mib, args.count, args.runs, " ".join(args.paths),
+                      " ".join(args.loads)))
 
-        for path in args.paths:
-            reader = loadvm = None
-            for load in args.loads:
-                cell = {"path": path, "load": load, "runs": [], "runs_wanted": args.runs,
-                        "ok": False}
-                cells.append(cell)
-                log("%s, %s:" % (PATH_TITLE[path], LOAD_TITLE[load]))
-                ld = None
-                try:
-                    if load in VM_LOADS and loadvm is None:
-                        loadvm = LoadVm(args, work)
-                        cell["load_vm_boot_s"] = round(loadvm.boot_s, 1)
-                    ld = Load(args, load, loadvm if load in VM_LOADS else None)
-                    ld.start()
-                    if reader is None or not reader.alive():
-                        if reader is not None:
-                            cell["note"] = "the measured VM had exited: booted again"
-                            reader.close()
-                        reader = (NativeReader(args, work) if path == "native"
-                                  else VmReader(args, path, work))
-                        cell["boot_s"] = round(reader.boot_s, 2)
-                        if path == "native":
-                            native_iommu_domain = reader.iommu_domain
-                    if path in ("virtio", "passthrough"):
-                        try:
-                            cell["isolation"] = reader.isolation()
-                        except (RuntimeError, subprocess.TimeoutExpired) as e:
-                            cell["isolation"] = {"error": str(e)}
-                    measure(args, reader, cell)
-                    if cell.get("reader_stuck"):
+    for path in args.paths:
+        reader = loadvm = None
+        for load in args.loads:
+            cell = {"path": path, "load": load, "runs": [], "runs_wanted": args.runs,
+                    "ok": False}
+            cells.append(cell)
+            log("%s, %s:" % (PATH_TITLE[path], LOAD_TITLE[load]))
+            ld = None
+            try:
+                if load in VM_LOADS and loadvm is None:
+                    loadvm = LoadVm(args, work)
+                    cell["load_vm_boot_s"] = round(loadvm.boot_s, 1)
+                ld = Load(args, load, loadvm if load in VM_LOADS else None)
+                ld.start()
+                if reader is None or not reader.alive():
+                    if reader is not None:
+                        cell["note"] = "the measured VM had exited: booted again"
                         reader.close()
-                        reader = None
-                except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-                    cell["error"] = "%s" % e
-                    log("  FAILED: %s" % str(e)[:600])
-                finally:
-                    if ld:
-                        errs = ld.stop()
-                        cell["load_info"] = ld.info
-                        if errs:
-                            cell["error"] = "; ".join(filter(None, [cell.get("error")]
-                                                         + ["load: " + x for x in errs]))
-                summarize_cell(cell)
-                s = cell["seconds"]
-                if s:
-                    log("  mean %.3f s, max-min %.0f ms, p99 %.3f s, %.0f interrupts/run%s" % (
-                        s["mean"], s["range"] * 1e3, s["p99"], cell["interrupts"]["mean"],
-                        "" if cell["ok"] else "  (FAILED: %s)" % cell["error"][:300]))
-            for what in (reader, loadvm):
-                if what is None:
-                    continue
-                try:
-                    what.close()
-                except (RuntimeError, OSError) as e:
-                    cells[-1]["error"] = "; ".join(filter(None, [cells[-1].get("error"),
-                                                                 "closing: %s" % e]))
-                    cells[-1]["ok"] = False
-                    log("  FAILED closing: %s" % e)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+                    reader = (NativeReader(args, work) if path == "native"
+                              else VmReader(args, path, work))
+                    cell["boot_s"] = round(reader.boot_s, 2)
+                    if path == "native":
+                        native_iommu_domain = reader.iommu_domain
+                if path in ("virtio", "passthrough"):
+                    try:
+                        cell["isolation"] = reader.isolation()
+                    except (RuntimeError, subprocess.TimeoutExpired) as e:
+                        cell["isolation"] = {"error": str(e)}
+                measure(args, reader, cell)
+                if cell.get("reader_stuck"):
+                    reader.close()
+                    reader = None
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                cell["error"] = "%s" % e
+                log("  FAILED: %s" % str(e)[:600])
+            finally:
+                if ld:
+                    errs = ld.stop()
+                    cell["load_info"] = ld.info
+                    if errs:
+                        cell["error"] = "; ".join(filter(None, [cell.get("error")]
+                                                     + ["load: " + x for x in errs]))
+            summarize_cell(cell)
+            s = cell["seconds"]
+            if s:
+                log("  mean %.3f s, max-min %.0f ms, p99 %.3f s, %.0f interrupts/run%s" % (
+                    s["mean"], s["range"] * 1e3, s["p99"], cell["interrupts"]["mean"],
+                    "" if cell["ok"] else "  (FAILED: %s)" % cell["error"][:300]))
+        for what in (reader, loadvm):
+            if what is None:
+                continue
+            try:
+                what.close()
+            except (RuntimeError, OSError) as e:
+                cells[-1]["error"] = "; ".join(filter(None, [cells[-1].get("error"),
+                                                             "closing: %s" % e]))
+                cells[-1]["ok"] = False
+                log("  FAILED closing: %s" % e)
+    env["l0_loadavg_after"] = l0_loadavg(args.l0_loadavg)
 
     native_none = next((c["seconds"]["mean"] for c in cells if c["path"] == "native"
                         and c["load"] == "none" and c.get("seconds")), None)
     per_interrupt = {ld: overheads(cells, ld) for ld in args.loads}
-    table3 = per_interrupt.get("none", {})
-    shown = lambda a: [("'%s'" % x) if " " in x else x for x in  # noqa: E731
-                       (os.path.relpath(x, ROOT) if x.startswith(ROOT + os.sep) else
-                        x.replace(work, "$WORK") for x in a)]
     argv_shown = {}
     for path in args.paths:
         if path != "native":
-            argv_shown[path] = shown(vm_argv(args, path, os.path.join(work, "SOCK")))
+            argv_shown[path] = shown_argv(vm_argv(args, path, os.path.join(work, "SOCK")), work)
     if set(VM_LOADS) & set(args.loads):
-        argv_shown["load VM"] = shown(load_argv(args, "TAP"))
-    result = {
+        argv_shown["load VM"] = shown_argv(load_argv(args, "TAP"), work)
+    return {
         "benchmark": "passthrough",
-        "command": "scripts/bench-passthrough" + "".join(" " + a for a in sys.argv[1:]),
+        "command": command_line(),
         "environment": env,
         "paper": PAPER,
         "parameters": {k: getattr(args, k) for k in (
@@ -1240,27 +1833,167 @@ def main():
         "total_s": round(time.monotonic() - t_start, 1),
         "cells": cells,
     }
+
+
+def run_net(args, work):
+    """The network half: the "network" section of passthrough.json."""
+    t_start = time.monotonic()
+    args.net_initramfs = os.path.join(work, "initramfs-iperf3.cpio.gz")
+    added = with_program(args.work_initramfs, args.iperf3, args.net_initramfs)
+    env = vmm_environment(
+        RIG_NOTE, "throughputs", args.hakoniwa,
+        args.qemu if "qemu" in args.net_paths else None, args.kernel, args.initramfs,
+        CMDLINE, vcpus=1, memory_mib=args.memory_mib, relative_to=ROOT,
+        machine={"memory_mib_l1": machine_memory_mib(), "l1_cmdline": read("/proc/cmdline")},
+        tools={"stress_version": first_line(["stress", "--version"]),
+               "iperf3_version": first_line([args.iperf3, "--version"])},
+        run={"git": dict(zip(("commit", "uncommitted"), git_state(ROOT, 20))),
+             "rig_settings": {k: v for k, v in sorted(os.environ.items())
+                              if k.startswith("HK_RIG_")},
+             "e1000e": {"pci": args.e1000e_pci, "vendor_device": "%s:%s" % (
+                 read("/sys/bus/pci/devices/%s/vendor" % args.e1000e_pci),
+                 read("/sys/bus/pci/devices/%s/device" % args.e1000e_pci))},
+             "guest_initramfs_added": "the host's %s and its libraries appended (%d files, "
+                                      "%d KiB)" % (args.iperf3, len(added),
+                                                   sum(added.values()) >> 10),
+             "iperf3_server": "L0 127.0.0.1:%d (10.0.2.2 through slirp)" % args.iperf3_port,
+             "hakoniwa_binary": os.path.realpath(args.hakoniwa),
+             "l0_loadavg_before": l0_loadavg(args.l0_loadavg)})
+    log("network: iperf3 %d s x %d runs per cell and direction; paths %s; loads %s" % (
+        args.net_seconds, args.net_runs, " ".join(args.net_paths), " ".join(args.net_loads)))
+    cells = run_network(args, work)
+    env["l0_loadavg_after"] = l0_loadavg(args.l0_loadavg)
+    argv_shown = {p: shown_argv(net_vm_argv(args, p, os.path.join(work, "SOCK")), work)
+                  for p in args.net_paths if p != "native"}
+    return {
+        "command": command_line(),
+        "environment": env,
+        "paper": PAPER_NET,
+        "parameters": {k: getattr(args, k) for k in (
+            "net_runs", "net_seconds", "full", "net_paths", "net_loads", "memory_mib",
+            "load_memory_mib", "udp_size", "settle", "boot_timeout", "iperf3_port")},
+        "argv": argv_shown,
+        "client_run": iperf_snippet(iperf3.client_argv(SERVER, "PORT", args.net_seconds,
+                                                       False), "VECTORS", "/tmp"),
+        "total_s": round(time.monotonic() - t_start, 1),
+        "cells": cells,
+    }
+
+
+def command_line():
+    """The command as the user gave it: without the two options
+    scripts/bench-passthrough adds (--iperf3-port, --l0-loadavg)."""
+    argv, shown = sys.argv[1:], []
+    while argv:
+        a = argv.pop(0)
+        if a in ("--iperf3-port", "--l0-loadavg"):
+            argv = argv[1:]
+        elif not a.startswith(("--iperf3-port=", "--l0-loadavg=")):
+            shown.append(a)
+    return "scripts/bench-passthrough" + "".join(" " + a for a in shown)
+
+
+def shown_argv(argv, work):
+    return [("'%s'" % x) if " " in x else x for x in
+            (os.path.relpath(x, ROOT) if x.startswith(ROOT + os.sep) else
+             x.replace(work, "$WORK") for x in argv)]
+
+
+def previous_results(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_results(args, result, measured):
+    """Writes passthrough.json, .md and the figures of the halves in
+    MEASURED ("disk", "net"): the disk half at the top level of RESULT,
+    the network half under "network", each measured now or kept from the
+    earlier file. Returns the number of failed cells measured now."""
     os.makedirs(args.out, exist_ok=True)
-    png = os.path.join(args.out, "passthrough.png")
-    result["figure"] = draw(png, args, cells, native_none)
+    failed = 0
+    md = []
+    if result.get("cells"):
+        dargs = argparse.Namespace(**result["parameters"], data_md5=result["data_md5"])
+        cells, native_none = result["cells"], result["native_mean_none_s"]
+        table3 = result["per_interrupt"].get("none", {})
+        if "disk" in measured:
+            result["figure"] = draw(os.path.join(args.out, "passthrough.png"), dargs, cells,
+                                    native_none)
+            failed += sum(1 for c in cells if not c["ok"])
+            log("")
+            log("Context: %s." % result["environment"]["note"])
+            log(text_table(cell_rows(dargs, cells, native_none)))
+            log("")
+            log("Beside the paper:")
+            log(text_table(paper_rows(dargs, cells, native_none, table3)))
+        md += disk_markdown(result, dargs, cells, native_none, table3)
+    net = result.get("network")
+    if net:
+        if "net" in measured:
+            net["figure"] = draw_net(os.path.join(args.out, "passthrough-net.png"), net)
+            failed += sum(1 for c in net["cells"] if not c["ok"])
+            for d in DIRECTIONS:
+                log("")
+                log("Network, %s:" % d)
+                log(text_table(net_rows(net["cells"], d)))
+            log("")
+            log(text_table(net_paper_rows(net)))
+        md += [""] + net_markdown(net)
     with open(os.path.join(args.out, "passthrough.json"), "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
-    write_markdown(os.path.join(args.out, "passthrough.md"), result, args, cells, native_none,
-                   table3)
+    write(os.path.join(args.out, "passthrough.md"), "\n".join(md))
+    log("")
+    log("wrote %s/passthrough.json and .md (measured now: %s)" % (
+        os.path.relpath(args.out, ROOT), " and ".join(measured)))
+    return failed
 
-    log("")
-    log("Context: %s." % env["note"])
-    log(text_table(cell_rows(args, cells, native_none)))
-    log("")
-    log("Beside the paper:")
-    log(text_table(paper_rows(args, cells, native_none, table3)))
-    log("")
-    log("wrote %s (%.0f s)" % (", ".join(os.path.relpath(os.path.join(args.out, x), ROOT)
-                                         for x in ("passthrough.json", "passthrough.md")
-                                         + (("passthrough.png",) if result["figure"] else ())),
-                               result["total_s"]))
-    failed = sum(1 for c in cells if not c["ok"])
+
+def main():
+    args = parse_args()
+    prog = "passthrough.py"
+    nvme_paths = check_args(args, prog)
+    json_path = os.path.join(args.out, "passthrough.json")
+    result = previous_results(json_path) or {}
+    if args.half != "both" and not result:
+        log("no earlier %s: the other half stays empty" % json_path)
+    files = extract_from_cpio(args.initramfs, {"bin/busybox", "etc/hk-modules-nvme"})
+    if args.disk and "etc/hk-modules-nvme" not in files and nvme_paths - {"native"}:
+        sys.exit("%s: the guest has no nvme driver (etc/hk-modules-nvme): rebuild it "
+                 "(scripts/build-guest)" % prog)
+    if "bin/busybox" not in files:
+        sys.exit("%s: no bin/busybox in %s" % (prog, args.initramfs))
+
+    work = tempfile.mkdtemp(prefix="hk-bench-passthrough.", dir=args.workdir)
+    subprocess.run(["ip", "link", "set", "lo", "up"], stderr=subprocess.DEVNULL)
+    failed, measured = 0, []
+    try:
+        args.work_kernel = shutil.copy(args.kernel, os.path.join(work, "vmlinuz"))
+        args.work_initramfs = shutil.copy(args.initramfs, os.path.join(work,
+                                                                       "initramfs.cpio.gz"))
+        args.busybox = os.path.join(work, "busybox")
+        with open(args.busybox, "wb") as f:
+            f.write(files["bin/busybox"])
+        os.chmod(args.busybox, 0o755)
+        # The network half first, and the results written after each half:
+        # a run stopped during the long disk half still leaves the network
+        # half's results beside the earlier disk half's.
+        if args.net:
+            result["network"] = run_net(args, work)
+            measured.append("net")
+            failed += write_results(args, result, measured)
+        if args.disk:
+            network = result.get("network")
+            result = run_disk(args, work, nvme_paths)
+            if network:
+                result["network"] = network
+            measured.append("disk")
+            failed = write_results(args, result, measured)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return exit_status(prog, failed, "cell(s)", "passthrough.json")
 
 
