@@ -1252,6 +1252,15 @@ class NetClient:
             return out.stdout + out.stderr
         return shell(self.vm.con, iperf_snippet(argv, self.irq, "/tmp"), timeout)
 
+    def driver_messages(self):
+        """The kernel's lines about the client's NIC driver and the
+        network watchdog (a transmit hang, a reset), last 20."""
+        cmd = "dmesg | grep -iE 'e1000e|virtio_net|watchdog|hang|reset' | tail -20"
+        if self.vm is None:
+            return subprocess.run(["sh", "-c", cmd], capture_output=True, text=True,
+                                  timeout=60).stdout
+        return shell(self.vm.con, cmd, 60)
+
     def isolation(self):
         if self.path in ("passthrough", "virtio"):
             return hk_ctl(self.args.hakoniwa, self.sock, "isolation", "--json")
@@ -1347,6 +1356,11 @@ def run_network(args, work):
                     except (RuntimeError, subprocess.TimeoutExpired) as e:
                         cell["isolation"] = {"error": str(e)}
                 measure_net(args, client, cell)
+                if client.alive() and not cell.get("client_stuck"):
+                    try:
+                        cell["driver_messages"] = client.driver_messages()
+                    except (RuntimeError, subprocess.SubprocessError) as e:
+                        cell["driver_messages"] = "unreadable: %s" % e
                 if cell.get("client_stuck"):
                     client.close()
                     client = None
@@ -1388,7 +1402,7 @@ def net_get(cells, path, load, direction, key="mbit_s"):
 
 def net_rows(cells, direction):
     rows = [["path", "load", "runs", "mean Mbit/s", "min", "max", "max-min", "p50", "p99",
-             "per-second CV", "retransmits/run", "interrupts/run", "ok"]]
+             "per-second CV", "retransmits/run", "interrupts/run", "stalled runs", "ok"]]
     for c in cells:
         s = c["summary"][direction]
         m = s["mbit_s"]
@@ -1399,7 +1413,7 @@ def net_rows(cells, direction):
                      fmt(s["interval_cv"], "%.2f"),
                      fmt(s["retransmits"] and s["retransmits"]["mean"], "%.1f"),
                      fmt(s["interrupts"] and s["interrupts"]["mean"], "%.0f"),
-                     "yes" if c["ok"] else "**no**"])
+                     "%d" % s.get("stalled_runs", 0), "yes" if c["ok"] else "**no**"])
     return rows
 
 
@@ -1512,7 +1526,8 @@ def net_markdown(net):
              "retransmits the sender's (iperf3 reports them on Linux), the per-second CV "
              "the coefficient of variation of the one-second samples over all runs of a "
              "cell (TCP has no jitter of its own in iperf3; this is the within-run "
-             "jitter), interrupts the client's NIC vectors in /proc/interrupts per run.")
+             "jitter), interrupts the client's NIC vectors in /proc/interrupts per run, "
+             "stalled runs those with a whole second in which not one byte arrived.")
     L.append("")
     L.append("**This machine was shared**: other helpers built and ran rigs on L0's two "
              "CPUs during the run (L0's load average before: %s; after: %s). L0's slirp "

@@ -1,7 +1,8 @@
 """iperf3 (TCP) as the network benchmarks run it: the client's command
 line and what one run's JSON report (`-J`) says: throughput as the
 receiver counted it, the sender's retransmits, per-second throughput and
-the CPU use iperf3 itself reports on either end."""
+the CPU use iperf3 itself reports on either end, and the seconds in which
+nothing arrived."""
 
 import json
 import statistics
@@ -46,6 +47,10 @@ def parse_report(text):
         "bytes": recv.get("bytes"),
         "interval_mbit_s": [round(i["sum"]["bits_per_second"] / 1e6, 3)
                             for i in r.get("intervals", []) if i.get("sum")],
+        # Whole seconds in which not one byte arrived: a stalled connection.
+        "silent_seconds": sum(1 for i in r.get("intervals", [])
+                              if i.get("sum") and i["sum"].get("bytes") == 0
+                              and i["sum"].get("seconds", 0) >= 0.5),
         "cpu_client_pct": cpu.get("host_total"),
         "cpu_server_pct": cpu.get("remote_total"),
     }
@@ -65,4 +70,5 @@ def summarize(runs):
                         if len(per_second) > 1 and statistics.fmean(per_second) else None),
         "retransmits": spread(retr),
         "interrupts": spread([r["interrupts"] for r in ok if r.get("interrupts") is not None]),
+        "stalled_runs": sum(1 for r in ok if r.get("silent_seconds")),
     }

@@ -185,13 +185,17 @@ def test_iperf3_report():
     assert argv[:3] == ["iperf3", "-c", "10.0.2.2"] and argv[-1] == "-R" and "-J" in argv
     assert "-R" not in client_argv("h", 1, 1, False)
     report = """{"start": {}, "intervals": [
-      {"sum": {"bits_per_second": 1e8}}, {"sum": {"bits_per_second": 3e8}}],
+      {"sum": {"bits_per_second": 1e8, "bytes": 12500000, "seconds": 1.0}},
+      {"sum": {"bits_per_second": 3e8, "bytes": 37500000, "seconds": 1.0}}],
      "end": {"sum_sent": {"bits_per_second": 2.1e8, "retransmits": 4},
              "sum_received": {"bits_per_second": 2e8, "seconds": 2.0, "bytes": 5e7},
              "cpu_utilization_percent": {"host_total": 50.0, "remote_total": 3.0}}}"""
     r = parse_report("noise before\n" + report + "\n")
     assert r["mbit_s"] == 200 and r["sender_mbit_s"] == 210 and r["retransmits"] == 4
     assert r["interval_mbit_s"] == [100, 300] and r["cpu_client_pct"] == 50.0
+    assert r["silent_seconds"] == 0
+    stalled = parse_report(report.replace('"bytes": 37500000', '"bytes": 0'))
+    assert stalled["silent_seconds"] == 1
     for bad, says in (('{"error": "unable to connect to server"}', "unable to connect"),
                       ("nothing", "no iperf3 report"), ('{"end": {}}', "sum_sent")):
         try:
@@ -204,6 +208,8 @@ def test_iperf3_report():
     assert s["mbit_s"]["mean"] == 150 and s["mbit_s"]["range"] == 100
     assert s["interrupts"]["mean"] == 20 and s["retransmits"]["mean"] == 4
     assert s["interval_mbit_s"]["n"] == 4 and abs(s["interval_cv"] - 0.5) < 1e-9
+    assert s["stalled_runs"] == 0
+    assert summarize([dict(stalled, ok=True)])["stalled_runs"] == 1
     assert summarize([])["mbit_s"] is None
 
 
