@@ -1361,6 +1361,10 @@ def run_network(args, work):
                         cell["driver_messages"] = client.driver_messages()
                     except (RuntimeError, subprocess.SubprocessError) as e:
                         cell["driver_messages"] = "unreadable: %s" % e
+                # L1's side of a passed-through NIC: IOMMU (DMAR) faults, VFIO.
+                cell["l1_messages"] = subprocess.run(
+                    ["sh", "-c", "dmesg | grep -iE 'dmar|vfio|iommu|e1000e' | tail -20"],
+                    capture_output=True, text=True, timeout=60).stdout
                 if cell.get("client_stuck"):
                     client.close()
                     client = None
