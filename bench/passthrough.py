@@ -1086,9 +1086,12 @@ def parse_iperf_run(text):
     """One run's record from iperf_snippet's output (lib/iperf3.py's
     fields, and the interrupts); raises ValueError."""
     m = IPERF_JSON_RE.search(text)
-    if not m:
-        raise ValueError("no iperf3 report in %r" % text[-400:])
+    st = IPERF_ST_RE.search(text)
+    if not m or not st:
+        raise ValueError("no iperf3 report or exit status in %r" % text[-400:])
     rec = iperf3.parse_report(m.group(1))
+    if st.group(1) != "0":
+        raise ValueError("iperf3 exited with status %s: %r" % (st.group(1), text[-400:]))
     counts = {"i0": {}, "i1": {}}
     for i in IRQ_RE.finditer(text):
         name = i.group(4).split()[-1]
