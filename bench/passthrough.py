@@ -108,7 +108,7 @@ from lib import CMDLINE  # noqa: E402
 from lib.console import PROMPT_RE, shell  # noqa: E402
 from lib.environment import (first_line, git_state, machine_memory_mib,  # noqa: E402
                              vmm_environment)
-from lib.hakoniwa import hk_ctl  # noqa: E402
+from lib.hakoniwa import DISK_STAGES, api_get, disk_stages, hk_ctl, stage_deltas  # noqa: E402
 from lib.initramfs import extract_from_cpio, with_program  # noqa: E402
 from lib import iperf3  # noqa: E402
 from lib.options import add_path_options, exit_status  # noqa: E402
@@ -340,6 +340,13 @@ class VmReader:
             return None
         return hk_ctl(self.args.hakoniwa, self.sock, "isolation", "--json")
 
+    def disk_stages(self):
+        """The virtio disk's request stages so far (vm.counters); None for
+        the other paths."""
+        if self.path != "virtio":
+            return None
+        return disk_stages(api_get(self.sock, "vm.counters"), "disk0")
+
     def close(self):
         if self.vm.alive():
             try:
@@ -427,6 +434,9 @@ class NativeReader:
         return out.stdout
 
     def isolation(self):
+        return None
+
+    def disk_stages(self):
         return None
 
     def close(self):
@@ -600,8 +610,13 @@ def measure(args, reader, cell):
             break
         try:
             drop_caches()
+            before = reader.disk_stages()
             out = reader.run((args.count, reader.irq), timeout)
+            after = reader.disk_stages()
             rec["seconds"], rec["interrupts"], rec["vectors"] = parse_run(out)
+            if before and after:
+                # Where virtio-blk spent its part of the run, stage by stage.
+                rec["stages"] = stage_deltas(before, after)
             rec["ok"] = True
         except (RuntimeError, ValueError, subprocess.TimeoutExpired, OSError) as e:
             rec["error"] = str(e)[:2000]
@@ -850,6 +865,46 @@ def draw(path, args, cells, native_none):
     return True
 
 
+STAGE_TITLE = {"kick_to_dequeue": "kick→dequeue", "dequeue_to_submit": "dequeue→submit",
+               "submit_to_complete": "submit→complete",
+               "complete_to_interrupt": "complete→interrupt"}
+
+
+def stage_split(rec):
+    """A run's time as (device s, outside s, {stage: s})."""
+    per = {st: rec["stages"][st]["ns"] / 1e9 for st in DISK_STAGES}
+    device = sum(per.values())
+    return device, rec["seconds"] - device, per
+
+
+def stage_rows(cells):
+    """The table of where the virtio cells' time went: per load, the mean
+    µs per request in each stage, the device and outside seconds per run,
+    and the slowest run's excess over the fastest split the same way."""
+    rows = [["load", "runs", "requests/run"] + ["%s µs" % STAGE_TITLE[st] for st in DISK_STAGES]
+            + ["device s/run", "outside s/run", "slowest - fastest s",
+               "of which device stages (s)", "of which outside s"]]
+    for cell in cells:
+        runs = [r for r in cell["runs"] if r.get("ok") and r.get("stages")]
+        if cell["path"] != "virtio" or not runs:
+            continue
+        requests = sum(r["stages"]["kick_to_dequeue"]["requests"] for r in runs)
+        per_req = ["%.0f" % (sum(r["stages"][st]["ns"] for r in runs) / 1e3 / max(requests, 1))
+                   for st in DISK_STAGES]
+        splits = [stage_split(r) for r in runs]
+        slow = max(range(len(runs)), key=lambda i: runs[i]["seconds"])
+        fast = min(range(len(runs)), key=lambda i: runs[i]["seconds"])
+        (_, out_s, per_s), (_, out_f, per_f) = splits[slow], splits[fast]
+        excess = " / ".join("%+.3f" % (per_s[st] - per_f[st]) for st in DISK_STAGES)
+        rows.append([LOAD_TITLE[cell["load"]], len(runs), "%.0f" % (requests / len(runs))]
+                    + per_req
+                    + ["%.3f" % (sum(d for d, _, _ in splits) / len(runs)),
+                       "%.3f" % (sum(o for _, o, _ in splits) / len(runs)),
+                       "%.3f" % (runs[slow]["seconds"] - runs[fast]["seconds"]),
+                       excess, "%+.3f" % (out_s - out_f)])
+    return rows
+
+
 def disk_markdown(result, args, cells, native_none, table3):
     """The disk half's Markdown lines."""
     env = result["environment"]
@@ -910,6 +965,20 @@ def disk_markdown(result, args, cells, native_none, table3):
                                   for p, r in result["per_interrupt"][ld].items()))
         for ld in args.loads if result["per_interrupt"].get(ld)))
     L.append("")
+    rows = stage_rows(cells)
+    if len(rows) > 1:
+        L.append("## Where the virtio rows' time went (per-request stages)")
+        L.append("")
+        L.append("hakoniwa stamps each virtio-blk request at the kick (its queue thread's "
+                 "wake-up on the ioeventfd), the dequeue, the host submit, the host completion "
+                 "and the interrupt (`vm.counters`, docs/devices.md), read before and after "
+                 "each run. Per request: the mean time in each stage over the cell's runs. "
+                 "*device* is the four stages' sum per run, *outside* the run's time less it "
+                 "(the guest's own work, the exits and the interrupt's delivery); the last "
+                 "columns split the slowest run's excess over the fastest the same way.")
+        L.append("")
+        L.append(md_table(rows))
+        L.append("")
     L.append("## Loads")
     L.append("")
     rows = [["path", "load", "L1 load average (1/5/15 min)", "UDP sent", "load VM received",

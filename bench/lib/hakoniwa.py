@@ -52,6 +52,30 @@ def api_get(sock, path, timeout=10):
         return None
 
 
+# The stages of a virtio-blk request in vm.counters (docs/devices.md,
+# "Counters"), in order: from the queue thread's wake-up on the kick to the
+# interrupt.
+DISK_STAGES = ("kick_to_dequeue", "dequeue_to_submit", "submit_to_complete",
+               "complete_to_interrupt")
+
+
+def disk_stages(counters, disk):
+    """From a vm.counters answer, DISK's stages: {stage: (requests, ns)};
+    None when the answer or the disk is missing."""
+    try:
+        st = counters[disk]["stages"]
+        return {s: (st[s]["count"], st[s]["total_ns"]) for s in DISK_STAGES}
+    except (KeyError, TypeError):
+        return None
+
+
+def stage_deltas(before, after):
+    """The requests and the time each stage took between two disk_stages
+    readings: {stage: {"requests": n, "ns": t}}."""
+    return {s: {"requests": after[s][0] - before[s][0], "ns": after[s][1] - before[s][1]}
+            for s in DISK_STAGES}
+
+
 class HkPair:
     """A source hakoniwa with a guest shell, and later its destination.
     SRC_FLAGS and DST_FLAGS are the `run` flags of each side beyond the API

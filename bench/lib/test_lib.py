@@ -213,6 +213,21 @@ def test_iperf3_report():
     assert summarize([])["mbit_s"] is None
 
 
+def test_disk_stages():
+    from lib.hakoniwa import DISK_STAGES, disk_stages, stage_deltas
+    def answer(n, ns):
+        return {"disk0": {"read_ops": n,
+                          "stages": {s: {"count": n, "total_ns": ns * (i + 1), "max_ns": 0}
+                                     for i, s in enumerate(DISK_STAGES)}},
+                "net0": {"rx_bytes": 0}}
+    a, b = disk_stages(answer(10, 1000), "disk0"), disk_stages(answer(25, 4000), "disk0")
+    d = stage_deltas(a, b)
+    assert d["kick_to_dequeue"] == {"requests": 15, "ns": 3000}
+    assert d["complete_to_interrupt"] == {"requests": 15, "ns": 12000}
+    assert disk_stages(answer(1, 1), "disk1") is None
+    assert disk_stages(None, "disk0") is None
+
+
 def main():
     tests = [(name, f) for name, f in sorted(globals().items()) if name.startswith("test_")]
     for name, f in tests:
