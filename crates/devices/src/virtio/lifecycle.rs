@@ -82,6 +82,14 @@ pub(crate) trait QueueDevice: VirtioDevice + Sized {
         self.queue_max_sizes().len()
     }
 
+    /// Whether queues the driver made ready past the first
+    /// [`queues_needed`](QueueDevice::queues_needed) are served too (a
+    /// multi-queue disk whose driver uses fewer queues than offered, e.g.
+    /// one per guest CPU). By default they are not.
+    fn serves_optional_queues(&self) -> bool {
+        false
+    }
+
     /// The loop that serves `queues`, built but not yet running.
     /// `restoring` is the state being restored when the device takes over
     /// the queues of a driver in the middle of its work (a snapshot),
@@ -91,6 +99,17 @@ pub(crate) trait QueueDevice: VirtioDevice + Sized {
         queues: ActiveQueues,
         restoring: Option<&DeviceState>,
     ) -> Result<Self::Loop, ActivateError>;
+
+    /// The loops that serve `queues`, each on its own worker thread: one
+    /// ([`serve`](QueueDevice::serve)) unless the device gives each queue
+    /// a thread of its own.
+    fn serve_each(
+        &mut self,
+        queues: ActiveQueues,
+        restoring: Option<&DeviceState>,
+    ) -> Result<Vec<Self::Loop>, ActivateError> {
+        Ok(vec![self.serve(queues, restoring)?])
+    }
 
     /// Refuses a saved state of another kind, of a device configured
     /// otherwise, or that cannot be right (with `activation`, the queues
@@ -130,57 +149,71 @@ pub(crate) fn queue_array<const N: usize>(
         .map_err(|_| ActivateError::QueueCount { got, needed: N })
 }
 
-/// A device's worker: none while no driver runs the device, running while
-/// it serves, parked while paused or restored and not yet resumed.
+/// A device's workers (one, or one per queue): none while no driver runs
+/// the device, running while it serves, parked while paused or restored
+/// and not yet resumed.
 pub(crate) struct DeviceLifecycle<L: QueueLoop> {
-    worker: Option<Worker<L>>,
+    workers: Vec<Worker<L>>,
 }
 
 impl<L: QueueLoop> Default for DeviceLifecycle<L> {
     fn default() -> Self {
-        DeviceLifecycle { worker: None }
+        DeviceLifecycle {
+            workers: Vec::new(),
+        }
     }
 }
 
 impl<L: QueueLoop> DeviceLifecycle<L> {
     /// Whether a driver's queues are being served (or parked to be).
     pub fn is_active(&self) -> bool {
-        self.worker.is_some()
+        !self.workers.is_empty()
     }
 
-    /// [`VirtioDevice::pause`]: parks the worker, completes what its loop
-    /// took off the queues and returns where they stand; nothing (an
-    /// inactive device) or the same again (a paused one) otherwise.
+    /// [`VirtioDevice::pause`]: parks every worker, then completes what
+    /// each loop took off its queues and returns where they all stand;
+    /// nothing (an inactive device) or the same again (a paused one)
+    /// otherwise.
     pub fn pause(&mut self) -> Result<Vec<QueuePosition>, StateError> {
-        let Some(worker) = &mut self.worker else {
-            return Ok(Vec::new());
-        };
-        let body = worker
-            .park()
-            .map_err(|e| StateError::Pause(e.to_string()))?;
-        body.quiesce()?;
-        Ok(body.positions())
+        // All parked first: no queue takes new requests while another
+        // drains.
+        for worker in &mut self.workers {
+            worker
+                .park()
+                .map_err(|e| StateError::Pause(e.to_string()))?;
+        }
+        let mut positions = Vec::new();
+        for worker in &mut self.workers {
+            let body = worker
+                .park()
+                .map_err(|e| StateError::Pause(e.to_string()))?;
+            body.quiesce()?;
+            positions.extend(body.positions());
+        }
+        Ok(positions)
     }
 
-    /// [`VirtioDevice::resume`]: runs the parked loop again; a running or
+    /// [`VirtioDevice::resume`]: runs the parked loops again; a running or
     /// inactive device is left as it is.
     pub fn resume(&mut self) -> Result<(), StateError> {
-        match &mut self.worker {
-            Some(worker) => worker
+        for worker in &mut self.workers {
+            worker
                 .resume()
-                .map_err(|e| StateError::Resume(e.to_string())),
-            None => Ok(()),
+                .map_err(|e| StateError::Resume(e.to_string()))?;
         }
+        Ok(())
     }
 
-    /// The loop, while parked (e.g. for a snapshot of what it holds).
+    /// The (first) loop, while parked (e.g. for a snapshot of what it
+    /// holds).
     pub fn parked(&self) -> Option<&L> {
-        self.worker.as_ref().and_then(|w| w.parked_ref())
+        self.workers.first().and_then(|w| w.parked_ref())
     }
 
-    /// Stops and joins the worker; its loop, and the queues, are dropped.
+    /// Stops and joins the workers; their loops, and the queues, are
+    /// dropped.
     fn stop(&mut self) {
-        self.worker = None;
+        self.workers.clear();
     }
 }
 
@@ -238,21 +271,31 @@ fn install<D: QueueDevice>(
     restoring: Option<&DeviceState>,
 ) -> Result<(), ActivateError> {
     let needed = device.queues_needed(activation.acked_features);
-    let queues = check_queues(activation, device.queue_max_sizes().len(), needed)?;
-    let body = device.serve(queues, restoring)?;
-    let name = format!("{}-{}", device.id(), D::WORKER_SUFFIX);
-    let worker = Worker::parked(name, body)?.with_affinity(device.thread_affinity());
-    device.lifecycle().worker = Some(worker);
+    let optional = device.serves_optional_queues();
+    let queues = check_queues(activation, device.queue_max_sizes().len(), needed, optional)?;
+    let bodies = device.serve_each(queues, restoring)?;
+    let several = bodies.len() > 1;
+    let mut workers = Vec::with_capacity(bodies.len());
+    for (i, body) in bodies.into_iter().enumerate() {
+        let mut name = format!("{}-{}", device.id(), D::WORKER_SUFFIX);
+        if several {
+            name.push_str(&i.to_string());
+        }
+        workers.push(Worker::parked(name, body)?.with_affinity(device.thread_affinity()));
+    }
+    device.lifecycle().workers = workers;
     Ok(())
 }
 
 /// The queues of `activation` in index order, each valid in guest memory,
 /// each index below `count` and given once, the first `needed` all
-/// present (any others dropped), with EVENT_IDX as the driver accepted it.
+/// present (any others dropped, or kept if `optional` ones are served),
+/// with EVENT_IDX as the driver accepted it.
 fn check_queues(
     activation: Activation,
     count: usize,
     needed: usize,
+    optional: bool,
 ) -> Result<ActiveQueues, ActivateError> {
     let Activation {
         memory,
@@ -274,11 +317,17 @@ fn check_queues(
         events.queue.set_event_idx(event_idx);
         *slot = Some(events);
     }
+    let extra = if optional {
+        slots.split_off(needed.min(slots.len()))
+    } else {
+        Vec::new()
+    };
     slots.truncate(needed);
-    let queues = slots
+    let mut queues = slots
         .into_iter()
         .collect::<Option<Vec<_>>>()
         .ok_or(ActivateError::QueueCount { got, needed })?;
+    queues.extend(extra.into_iter().flatten());
     Ok(ActiveQueues {
         memory,
         interrupt,
@@ -384,18 +433,19 @@ mod tests {
     #[test]
     fn queues_come_in_index_order_with_the_accepted_event_idx() {
         let given = vec![events(2, 0x3000), events(0, 0x1000), events(1, 0x2000)];
-        let active = check_queues(activation(given, 1 << VIRTIO_RING_F_EVENT_IDX), 3, 3).unwrap();
+        let active =
+            check_queues(activation(given, 1 << VIRTIO_RING_F_EVENT_IDX), 3, 3, false).unwrap();
         let indices: Vec<u16> = active.queues.iter().map(|q| q.index).collect();
         assert_eq!(indices, [0, 1, 2]);
         assert!(active.queues.iter().all(|q| q.queue.event_idx_enabled()));
-        let active = check_queues(activation(vec![events(0, 0x1000)], 0), 1, 1).unwrap();
+        let active = check_queues(activation(vec![events(0, 0x1000)], 0), 1, 1, false).unwrap();
         assert!(!active.queues[0].queue.event_idx_enabled());
         let [only] = queue_array(active.queues).unwrap();
         assert_eq!(only.index, 0);
 
         // Queues past those the features need are not served.
         let given = vec![events(0, 0x1000), events(1, 0x2000), events(2, 0x3000)];
-        let active = check_queues(activation(given, 0), 3, 2).unwrap();
+        let active = check_queues(activation(given, 0), 3, 2, false).unwrap();
         assert_eq!(active.queues.len(), 2);
         let Err(err) = queue_array::<3>(active.queues) else {
             panic!("two queues taken for three");
@@ -404,11 +454,23 @@ mod tests {
             err,
             ActivateError::QueueCount { got: 2, needed: 3 }
         ));
+
+        // A device that serves optional queues keeps those the driver
+        // made ready past the needed ones, gaps and all, in index order.
+        let given = vec![events(2, 0x3000), events(0, 0x1000)];
+        let active = check_queues(activation(given, 0), 4, 1, true).unwrap();
+        let indices: Vec<u16> = active.queues.iter().map(|q| q.index).collect();
+        assert_eq!(indices, [0, 2]);
+        let given = vec![events(1, 0x2000)];
+        assert!(matches!(
+            check_queues(activation(given, 0), 4, 1, true).err(),
+            Some(ActivateError::QueueCount { got: 1, needed: 1 })
+        ));
     }
 
     #[test]
     fn queues_missing_repeated_foreign_or_outside_memory_are_refused() {
-        let check = |given: Vec<QueueEvents>| check_queues(activation(given, 0), 2, 2).err();
+        let check = |given: Vec<QueueEvents>| check_queues(activation(given, 0), 2, 2, false).err();
         assert!(matches!(
             check(vec![events(1, 0x2000)]),
             Some(ActivateError::QueueCount { got: 1, needed: 2 })
