@@ -1,12 +1,16 @@
 //! Fuzzes the virtio-blk request path: the input becomes a descriptor
 //! table and the bytes of guest memory, the driver offers one chain, and
-//! the device parses and runs it against an in-memory disk. It must never
-//! panic, never change a read-only disk, and complete with a length that
-//! fits the chain's writable buffers.
+//! the device parses and starts it (`process_chain`: completed at once,
+//! or an I/O engine op — iovecs over the chain's guest buffers, or a
+//! bounce buffer — run with the threads engine's blocking calls, then
+//! finished), against an in-memory disk (bounce buffers) or an image file
+//! (iovecs straight over guest memory). It must never panic, never change
+//! a read-only disk, and complete with a length that fits the chain's
+//! writable buffers.
 //!
 //! Input layout:
 //! - byte 0: bit 0 read-only, bit 1 DISCARD, bit 2 WRITE_ZEROES, bit 3
-//!   FLUSH negotiated;
+//!   FLUSH negotiated, bit 4 an image file instead of the in-memory disk;
 //! - byte 1: the head descriptor index (mod 16);
 //! - 16 descriptors of 16 bytes (addr, len, flags, next, little-endian),
 //!   written to the descriptor table; an address or length without its
@@ -18,8 +22,13 @@
 
 use libfuzzer_sys::fuzz_target;
 
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
 use devices::virtio::block::metrics::Metrics;
-use devices::virtio::block::{process_chain, AlignedBuf, DiskBackend, MemDisk, RequestContext};
+use devices::virtio::block::{
+    process_chain, AlignedBuf, BlockConfig, DiskBackend, FileDisk, MemDisk, RequestContext,
+};
 use devices::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
@@ -89,14 +98,22 @@ fuzz_target!(|input: &[u8]| {
         .sum();
 
     let original: Vec<u8> = (0..DISK_SIZE).map(|i| (i * 7 % 251) as u8).collect();
-    let disk = MemDisk::from_bytes(original.clone());
-    let metrics = Metrics::default();
     let readonly = control & 1 != 0;
+    let disk: Box<dyn Disk> = if control & 16 != 0 {
+        let path = image_path();
+        std::fs::write(path, &original).unwrap();
+        let mut config = BlockConfig::new(path);
+        config.readonly = readonly;
+        Box::new(File(FileDisk::open(&config).unwrap()))
+    } else {
+        Box::new(MemDisk::from_bytes(original.clone()))
+    };
+    let metrics = Metrics::default();
     let acked = (u64::from(control & 2 != 0) << 13)
         | (u64::from(control & 4 != 0) << 14)
         | (u64::from(control & 8 != 0) << 9);
     let ctx = RequestContext {
-        disk: &disk as &dyn DiskBackend,
+        disk: disk.backend(),
         capacity: (DISK_SIZE / 512) as u64,
         readonly,
         acked_features: acked,
@@ -124,3 +141,37 @@ fuzz_target!(|input: &[u8]| {
         1
     );
 });
+
+/// The image file of this fuzzing process.
+fn image_path() -> &'static PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        std::env::temp_dir().join(format!("hakoniwa-fuzz-{}.img", std::process::id()))
+    })
+}
+
+/// Either disk, and what it holds.
+trait Disk {
+    fn backend(&self) -> &dyn DiskBackend;
+    fn contents(&self) -> Vec<u8>;
+}
+
+impl Disk for MemDisk {
+    fn backend(&self) -> &dyn DiskBackend {
+        self
+    }
+    fn contents(&self) -> Vec<u8> {
+        MemDisk::contents(self)
+    }
+}
+
+struct File(FileDisk);
+
+impl Disk for File {
+    fn backend(&self) -> &dyn DiskBackend {
+        &self.0
+    }
+    fn contents(&self) -> Vec<u8> {
+        std::fs::read(self.0.path()).unwrap()
+    }
+}

@@ -175,6 +175,7 @@ impl Platform {
         device: Box<dyn VirtioDevice>,
     ) -> Result<(), Error> {
         let id = device.id().to_string();
+        let described = device.describe();
         let fail = |message: String| Error::Device(id.clone(), message);
         let slot = self.free_slot().map_err(fail)?;
         let bar = self
@@ -196,10 +197,13 @@ impl Platform {
         self.devices.push(DeviceDescription {
             id: id.clone(),
             kind,
-            resources: vec![
+            resources: [
                 format!("pci 00:{slot:02x}.0"),
                 format!("mmio {:#x}-{:#x}", bar, bar + BAR_SIZE - 1),
-            ],
+            ]
+            .into_iter()
+            .chain(described)
+            .collect(),
         });
         Ok(())
     }
@@ -410,17 +414,23 @@ pub struct VirtioDevices {
 
 /// Builds the virtio devices the command line asks for, before any KVM work,
 /// so a bad option or a missing disk image is reported first. Disk images
-/// are locked as `locking` says (see [`crate::disks`]).
+/// are locked as `locking` says (see [`crate::disks`]). A disk without
+/// `num_queues=` gets one queue per vCPU (of `vcpus`), as Cloud
+/// Hypervisor gives.
 pub fn create_virtio_devices(
     config: &VirtioConfig,
     locking: Locking,
+    vcpus: usize,
 ) -> Result<VirtioDevices, Error> {
     let option_error =
         |flag: &str, e: &dyn std::fmt::Display| Error::Device(flag.to_string(), e.to_string());
     let mut out = VirtioDevices::default();
     let mut blocks = Vec::new();
     for (index, options) in config.disks.iter().enumerate() {
-        let disk_config: BlockConfig = options.parse().map_err(|e| option_error("--disk", &e))?;
+        let disk_config = options
+            .parse::<BlockConfig>()
+            .map_err(|e| option_error("--disk", &e))?
+            .with_default_queues(vcpus);
         let named = disk_config.id.is_some();
         let mut disk = Block::open(disk_config, locking).map_err(|e| option_error("--disk", &e))?;
         if !named {

@@ -94,6 +94,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     let mut virtio = create_virtio_devices(
         &virtio_options(config, display_config.as_ref()),
         crate::disks::locking(config.incoming.is_some()),
+        usize::from(config.vcpus),
     )?;
     let metrics_sink = open_metrics(config)?;
 

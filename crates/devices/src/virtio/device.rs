@@ -97,6 +97,12 @@ pub trait VirtioDevice: Send {
     /// [`super::COMMON_FEATURES`]).
     fn device_features(&self) -> u64;
 
+    /// How the device is set up on the host, for `vm.info`'s resources
+    /// (a disk's engine and queues, say); nothing by default.
+    fn describe(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Reads the device-specific configuration space.
     fn read_config(&self, offset: u64, data: &mut [u8]);
 

@@ -142,6 +142,7 @@ mod tests {
                 capacity: 2048,
                 readonly: true,
                 features: 0x1234,
+                num_queues: 2,
             }),
             DeviceState::Net(NetState {
                 config: vec![0x52, 0x54, 0, 1, 2, 3, 1, 0, 1, 0, 0, 0],

@@ -1,49 +1,56 @@
 //! [`Block`]: the virtio-blk [`VirtioDevice`].
 //!
-//! Once activated, one queue thread (the device's worker, see
-//! `virtio::lifecycle`) takes chains off the available ring and hands
-//! them to a small pool of I/O threads, so a slow request does not hold
-//! up the others. An I/O thread parses and runs its request
-//! ([`process_chain`]) and sends the completion back; the queue thread
-//! alone puts completions in the used ring and decides (EVENT_IDX-aware)
-//! whether to interrupt the guest. A pause waits for the I/O threads'
-//! requests to complete (`QueueLoop::quiesce`).
+//! Once activated, each queue has a thread of its own (a worker, see
+//! `virtio::lifecycle`) and an I/O engine of its own (`engine`: an
+//! io_uring, or a few threads). The queue thread takes chains off the
+//! available ring, parses each and hands its read, write or flush to the
+//! engine ([`QueueHandler::dequeue`], [`QueueHandler::submit_to_host`]),
+//! so many requests are in flight at once; it reaps the engine's
+//! completions when the engine's eventfd fires
+//! ([`QueueHandler::on_host_completion`]), puts them in the used ring and
+//! decides, EVENT_IDX-aware, whether to interrupt the guest
+//! ([`QueueHandler::inject_interrupt`]). A pause waits for every queue's
+//! requests in flight to complete (`QueueLoop::quiesce`).
 //!
-//! Each request carries its [`StageTimes`] (kick, dequeue, submit,
-//! complete, interrupt); the queue thread counts it in the disk's
-//! [`DiskStats`] once the guest has been told.
+//! Each request carries its [`StageTimes`], stamped in those four steps
+//! (kick, dequeue, submit, complete, interrupt); the queue thread counts
+//! it in its own queue's share of the disk's [`DiskStats`] once the guest
+//! has been told. A host error whose `werror`/`rerror` policy is `stop`
+//! leaves the request unanswered: the queue thread keeps its chain in the
+//! disk's [`DiskErrors`], the VM is paused, and the resume's retry event
+//! runs it again through the same steps on the same queue.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use virtio_bindings::virtio_blk::{
-    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO,
-    VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ,
+    VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
 };
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::error_policy::{HeldRequests, StopHandler, StopReason};
+use super::engine::threads::{ThreadsEngine, THREADS_PER_QUEUE};
+use super::engine::uring::UringEngine;
+use super::engine::{
+    self as engines, wait_for_completions, Done, EngineKind, IoEngine, IoOp, KernelRings, RingSetup,
+};
+use super::error_policy::{ErrorPolicy, HeldRequests, StopHandler, StopReason};
 use super::io::{AlignedBuf, DiskBackend, FileDisk, Locking};
 use super::metrics::{add, BlockMetrics, Metrics};
 use super::request::{
-    process_chain_counted, RequestContext, DISCARD_SECTOR_ALIGNMENT, MAX_DISCARD_SECTORS,
-    MAX_DISCARD_SEG, MAX_WRITE_ZEROES_SECTORS,
+    begin, count_completion, HoldCause, PendingIo, Processed, Request, RequestContext, Started,
+    DISCARD_SECTOR_ALIGNMENT, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, MAX_WRITE_ZEROES_SECTORS,
 };
 use super::stats::{now_ns, DiskStats, RequestRecord, StageTimes};
 use super::{BlockConfig, BlockError, SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
-use crate::affinity::{pinned, CpuSet};
-use crate::virtio::lifecycle::{
-    self, queue_array, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop,
-};
+use crate::affinity::CpuSet;
+use crate::virtio::lifecycle::{self, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop};
 use crate::virtio::worker::{EpollLoop, WorkerHandler};
 use crate::virtio::{
     ActivateError, Activation, DeviceState, QueueEvents, QueuePosition, StateError, VirtioDevice,
@@ -51,11 +58,7 @@ use crate::virtio::{
 };
 use crate::GuestMemoryMmap;
 
-/// Size of the request queue.
-pub const QUEUE_SIZE: u16 = 256;
-/// I/O threads per disk.
-pub const IO_THREADS: usize = 4;
-/// Each I/O thread's bounce buffer; larger requests go through it in
+/// The bounce buffer of a request run alone; larger ones go through it in
 /// pieces.
 const SCRATCH_LEN: usize = 512 * 1024;
 /// The configuration space served: `struct virtio_blk_config` up to and
@@ -86,6 +89,13 @@ pub struct BlockState {
     pub readonly: bool,
     /// The feature bits offered.
     pub features: u64,
+    /// Request queues offered (1 in snapshots older than multi-queue).
+    #[serde(default = "one_queue")]
+    pub num_queues: u16,
+}
+
+fn one_queue() -> u16 {
+    1
 }
 
 /// A virtio-blk device on a disk image.
@@ -99,9 +109,13 @@ pub struct Block {
     capacity: u64,
     features: u64,
     config_space: [u8; CONFIG_LEN],
-    queue_sizes: [u16; 1],
+    queue_sizes: Vec<u16>,
+    /// The engine the disk's queues get, and why not the one asked for.
+    engine: EngineKind,
+    engine_fallback: Option<String>,
+    rings: Arc<dyn RingSetup>,
     metrics: Arc<Metrics>,
-    /// The statistics of `vm.counters`.
+    /// The statistics of `vm.counters`, a share per queue.
     stats: Arc<DiskStats>,
     errors: Arc<DiskErrors>,
     lifecycle: DeviceLifecycle<EpollLoop<QueueHandler>>,
@@ -111,9 +125,18 @@ pub struct Block {
 /// [`super::error_policy`]), for the VMM to report and resume.
 #[derive(Default)]
 pub struct DiskErrors {
-    held: HeldRequests<Job>,
-    /// The active queue thread's retry event.
-    retry: Mutex<Option<EventFd>>,
+    held: HeldRequests<Held>,
+    /// Each active queue's retry event and the held requests handed back
+    /// to it at the resume, by queue index: a request completes in the
+    /// used ring of the queue it came from.
+    queues: Mutex<Vec<RetryMailbox>>,
+}
+
+/// What a resume hands one queue thread.
+struct RetryMailbox {
+    index: u16,
+    evt: EventFd,
+    jobs: Vec<Held>,
 }
 
 impl DiskErrors {
@@ -133,15 +156,44 @@ impl DiskErrors {
     }
 
     /// Runs the held requests again (the VM resumes); one failing again
-    /// stops the VM again.
+    /// stops the VM again. They are taken here, all at once, so that a
+    /// failure on one queue before another queue took its own pauses the
+    /// VM again (the reason is cleared with the taking).
     pub fn retry(&self) {
         if self.held.count() == 0 {
             return;
         }
-        if let Some(evt) = &*self.retry.lock().unwrap_or_else(PoisonError::into_inner) {
-            let _ = evt.write(1);
+        let jobs = self.held.take();
+        let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
+        for job in jobs {
+            // A queue that is gone (a reset) took its driver with it.
+            if let Some(q) = queues.iter_mut().find(|q| q.index == job.queue) {
+                q.jobs.push(job);
+            }
+        }
+        for q in queues.iter().filter(|q| !q.jobs.is_empty()) {
+            let _ = q.evt.write(1);
         }
     }
+
+    /// Takes the requests a resume handed back to queue `index`.
+    fn take_retries(&self, index: u16) -> Vec<Held> {
+        let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
+        queues
+            .iter_mut()
+            .find(|q| q.index == index)
+            .map(|q| std::mem::take(&mut q.jobs))
+            .unwrap_or_default()
+    }
+}
+
+/// A request held by a `stop` policy: its chain, to parse and start again
+/// at the resume (nothing of it was answered), on its own queue.
+struct Held {
+    queue: u16,
+    chain: DescriptorChain<Arc<GuestMemoryMmap>>,
+    /// When it was first kicked: its later stamps restart at the retry.
+    kick: u64,
 }
 
 impl Block {
@@ -158,18 +210,17 @@ impl Block {
             cpus.check_allowed().map_err(BlockError::Affinity)?;
         }
         let disk = Arc::new(FileDisk::open_with(&config, locking)?);
-        tracing::info!(
-            "disk {}: {} bytes, cache={}, {}",
-            config.path.display(),
-            disk.size(),
-            config.cache,
-            if config.readonly {
-                "read-only"
-            } else {
-                "read-write"
-            }
-        );
         let mut block = Block::from_backend(config, disk.clone(), disk.size(), *disk.serial());
+        tracing::info!(
+            "disk {}: {} bytes, cache={}, {}, engine={}, {} queue(s) of {}",
+            block.config.path.display(),
+            disk.size(),
+            block.config.cache,
+            access_name(block.config.readonly),
+            block.engine,
+            block.queue_sizes.len(),
+            block.config.queue_size,
+        );
         block.file = Some(disk);
         Ok(block)
     }
@@ -184,6 +235,7 @@ impl Block {
         serial: [u8; SERIAL_LEN],
     ) -> Block {
         let capacity = size >> SECTOR_SHIFT;
+        let num_queues = config.queues();
         let mut features = COMMON_FEATURES
             | (1 << VIRTIO_BLK_F_FLUSH)
             | (1 << VIRTIO_BLK_F_BLK_SIZE)
@@ -194,21 +246,55 @@ impl Block {
         } else {
             features |= (1 << VIRTIO_BLK_F_DISCARD) | (1 << VIRTIO_BLK_F_WRITE_ZEROES);
         }
-        Block {
+        // Offered only with several queues, so a one-queue disk offers
+        // what it offered before multi-queue (snapshots compare features).
+        if num_queues > 1 {
+            features |= 1 << VIRTIO_BLK_F_MQ;
+        }
+        let mut block = Block {
             name: config.id.clone().unwrap_or_else(|| "disk".to_string()),
-            config_space: config_space(capacity, config.readonly),
+            config_space: config_space(capacity, &config),
+            queue_sizes: vec![config.queue_size; usize::from(num_queues)],
             config,
             file: None,
             backend,
             serial,
             capacity,
             features,
-            queue_sizes: [QUEUE_SIZE],
+            engine: EngineKind::Threads,
+            engine_fallback: None,
+            rings: Arc::new(KernelRings),
             metrics: Arc::new(Metrics::default()),
-            stats: Arc::new(DiskStats::new(1)),
+            stats: Arc::new(DiskStats::new(usize::from(num_queues))),
             errors: Arc::new(DiskErrors::default()),
             lifecycle: DeviceLifecycle::default(),
+        };
+        block.choose_engine(Arc::new(KernelRings));
+        block
+    }
+
+    /// Decides the engine with `rings` setting up io_uring rings (the
+    /// kernel's, or a test's), saying once why when it falls back.
+    pub fn choose_engine(&mut self, rings: Arc<dyn RingSetup>) {
+        let (engine, fallback) = engines::select(self.config.engine, &*self.backend, &*rings);
+        if let Some(why) = &fallback {
+            tracing::warn!(
+                "disk {}: engine={} is not available, using {engine}: {why}",
+                self.config.path.display(),
+                self.config.engine
+            );
         }
+        (self.engine, self.engine_fallback, self.rings) = (engine, fallback, rings);
+    }
+
+    /// The engine the disk's queues use.
+    pub fn engine(&self) -> EngineKind {
+        self.engine
+    }
+
+    /// Why the disk does not use the engine asked for, if it does not.
+    pub fn engine_fallback(&self) -> Option<&str> {
+        self.engine_fallback.as_deref()
     }
 
     /// Renames the device (e.g. "disk1" when there are several), for logs
@@ -243,7 +329,7 @@ impl Block {
         self.file.clone()
     }
 
-    /// Whether the queue is being served.
+    /// Whether the queues are being served.
     pub fn is_active(&self) -> bool {
         self.lifecycle.is_active()
     }
@@ -267,18 +353,19 @@ impl Block {
 }
 
 /// `struct virtio_blk_config`, little-endian.
-fn config_space(capacity: u64, readonly: bool) -> [u8; CONFIG_LEN] {
+fn config_space(capacity: u64, config: &BlockConfig) -> [u8; CONFIG_LEN] {
+    let readonly = config.readonly;
     let mut c = [0u8; CONFIG_LEN];
     let mut put =
         |offset: usize, bytes: &[u8]| c[offset..offset + bytes.len()].copy_from_slice(bytes);
     put(0, &capacity.to_le_bytes());
     // size_max (8) is not offered; seg_max leaves room for header and status.
-    put(12, &(u32::from(QUEUE_SIZE) - 2).to_le_bytes());
+    put(12, &(u32::from(config.queue_size) - 2).to_le_bytes());
     // geometry (16) is not offered.
     put(20, &(SECTOR_SIZE as u32).to_le_bytes());
     put(24, &[PHYSICAL_BLOCK_EXP, 0]); // physical_block_exp, alignment_offset
     put(26, &(1u16 << PHYSICAL_BLOCK_EXP).to_le_bytes()); // min_io_size
-    put(34, &1u16.to_le_bytes()); // num_queues
+    put(34, &config.queues().to_le_bytes()); // num_queues (with F_MQ)
     if !readonly {
         put(36, &MAX_DISCARD_SECTORS.to_le_bytes());
         put(40, &MAX_DISCARD_SEG.to_le_bytes());
@@ -327,7 +414,24 @@ impl VirtioDevice for Block {
             capacity: self.capacity,
             readonly: self.config.readonly,
             features: self.features,
+            num_queues: self.config.queues(),
         })
+    }
+
+    fn describe(&self) -> Vec<String> {
+        let mut engine = format!("engine {}", self.engine);
+        if let Some(why) = &self.engine_fallback {
+            engine.push_str(&format!(" ({} asked for: {why})", self.config.engine));
+        }
+        vec![
+            engine,
+            format!(
+                "queues {} x {}",
+                self.queue_sizes.len(),
+                self.config.queue_size
+            ),
+            format!("cache {}", self.config.cache),
+        ]
     }
 }
 
@@ -351,84 +455,96 @@ impl QueueDevice for Block {
         self.config.iothread_affinity.clone()
     }
 
-    /// The queue thread's loop and the I/O pool (running, waiting for
-    /// requests) it hands requests to.
-    fn serve(
+    /// Queue 0 is always there; a driver may use fewer queues than
+    /// offered (Linux uses at most one per CPU).
+    fn queues_needed(&self, _acked_features: u64) -> usize {
+        1
+    }
+
+    fn serves_optional_queues(&self) -> bool {
+        true
+    }
+
+    /// Each queue's loop, with its own engine.
+    fn serve_each(
         &mut self,
         queues: ActiveQueues,
         _restoring: Option<&DeviceState>,
-    ) -> Result<Self::Loop, ActivateError> {
-        let [QueueEvents { index, queue, kick }] = queue_array(queues.queues)?;
-        let acked = queues.acked_features & self.features;
+    ) -> Result<Vec<Self::Loop>, ActivateError> {
+        let several = queues.queues.len() > 1;
+        let shared = Arc::new(Shared {
+            disk: self.backend.clone(),
+            serial: self.serial,
+            metrics: self.metrics.clone(),
+            capacity: self.capacity,
+            readonly: self.config.readonly,
+            acked_features: queues.acked_features & self.features,
+            policy: self.config.errors,
+        });
         let mem = Arc::new(queues.memory);
-
-        let abort = Arc::new(AtomicBool::new(false));
-        // Declared before the job sender so that, on an early return, the
-        // sender is dropped first and the pool's threads can be joined.
-        let mut pool = Pool {
-            threads: Vec::new(),
-            abort: abort.clone(),
-        };
-        let done_evt = EventFd::new(EFD_NONBLOCK)?;
-        let retry_evt = EventFd::new(EFD_NONBLOCK)?;
         // Requests held before a reset belong to a driver that is gone.
         drop(self.errors.held.take());
-        *self
-            .errors
-            .retry
+        self.errors
+            .queues
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(retry_evt.try_clone()?);
-        let (job_tx, job_rx) = mpsc::channel::<Job>();
-        let (done_tx, done_rx) = mpsc::channel();
-        let job_rx = Arc::new(Mutex::new(job_rx));
-        for i in 0..IO_THREADS {
-            let io = IoThread {
-                mem: mem.clone(),
-                disk: self.backend.clone(),
-                serial: self.serial,
-                metrics: self.metrics.clone(),
-                capacity: self.capacity,
-                readonly: self.config.readonly,
-                acked_features: acked,
-                name: self.name.clone(),
-                policy: self.config.errors,
-                errors: self.errors.clone(),
-                jobs: job_rx.clone(),
-                done: done_tx.clone(),
-                done_evt: done_evt.try_clone()?,
-                abort: abort.clone(),
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        let mut loops = Vec::with_capacity(queues.queues.len());
+        for QueueEvents { index, queue, kick } in queues.queues {
+            let io_name = if several {
+                format!("{}-q{index}-io", self.name)
+            } else {
+                format!("{}-io", self.name)
             };
-            let (name, affinity) = (format!("{}-io{i}", self.name), self.thread_affinity());
-            let thread = std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || pinned(name, affinity, || io.run()))?;
-            pool.threads.push(thread);
+            let engine = self.queue_engine(&io_name, queue.size())?;
+            let retry_evt = EventFd::new(EFD_NONBLOCK)?;
+            self.errors
+                .queues
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(RetryMailbox {
+                    index,
+                    evt: retry_evt.try_clone()?,
+                    jobs: Vec::new(),
+                });
+            let fds = [kick.as_raw_fd(), engine.notifier(), retry_evt.as_raw_fd()];
+            let handler = QueueHandler {
+                engine,
+                pending: std::iter::repeat_with(|| None)
+                    .take(usize::from(queue.size()))
+                    .collect(),
+                reaped: Vec::new(),
+                scratch: None,
+                name: self.name.clone(),
+                index,
+                shared: shared.clone(),
+                mem: mem.clone(),
+                queue,
+                kick,
+                retry_evt,
+                errors: self.errors.clone(),
+                in_flight: 0,
+                stats: self.stats.clone(),
+                finished: Vec::new(),
+                interrupt: queues.interrupt.clone(),
+            };
+            loops.push(EpollLoop::new(&fds, handler)?);
         }
-        let fds = [
-            kick.as_raw_fd(),
-            done_evt.as_raw_fd(),
-            retry_evt.as_raw_fd(),
-        ];
-        let handler = QueueHandler {
-            name: self.name.clone(),
-            index,
-            mem,
-            queue,
-            kick,
-            done_evt,
-            done_rx,
-            jobs: job_tx,
-            retry_evt,
-            errors: self.errors.clone(),
-            in_flight: 0,
-            stats: self.stats.clone(),
-            finished: Vec::new(),
-            interrupt: queues.interrupt,
-            _pool: pool,
-        };
-        // On failure the handler is dropped, the job sender first, so the
-        // pool winds down.
-        Ok(EpollLoop::new(&fds, handler)?)
+        Ok(loops)
+    }
+
+    /// Serves one queue (see [`serve_each`](QueueDevice::serve_each)).
+    fn serve(
+        &mut self,
+        queues: ActiveQueues,
+        restoring: Option<&DeviceState>,
+    ) -> Result<Self::Loop, ActivateError> {
+        let got = queues.queues.len();
+        let mut loops = self.serve_each(queues, restoring)?;
+        match (loops.pop(), loops.is_empty()) {
+            (Some(one), true) => Ok(one),
+            _ => Err(ActivateError::QueueCount { got, needed: 1 }),
+        }
     }
 
     fn check_state(&self, state: &DeviceState, _: Option<&Activation>) -> Result<(), StateError> {
@@ -452,6 +568,13 @@ impl QueueDevice for Block {
                 access_name(self.config.readonly)
             )));
         }
+        if saved.num_queues != self.config.queues() {
+            return Err(StateError::Mismatch(format!(
+                "the disk had {} queues, this one has {} (num_queues=, by default one per vCPU)",
+                saved.num_queues,
+                self.config.queues()
+            )));
+        }
         if saved.features != self.features {
             return Err(StateError::Mismatch(format!(
                 "the disk offered features {:#x}, this one offers {:#x}",
@@ -468,10 +591,10 @@ impl QueueLoop for EpollLoop<QueueHandler> {
         vec![QueuePosition::of(handler.index, &handler.queue)]
     }
 
-    /// The I/O threads may still be running requests the queue thread
-    /// took: waits for them, so that everything the guest submitted is in
-    /// the used ring (or still in the available ring) when the state is
-    /// taken. The I/O threads stay, idle, for the resume.
+    /// The engine may still be running requests the queue thread took:
+    /// waits for them, so that everything the guest submitted is in the
+    /// used ring (or still in the available ring) when the state is
+    /// taken. The engine stays, idle, for the resume.
     fn quiesce(&mut self) -> Result<(), StateError> {
         // Held requests (werror/rerror=stop) complete only at a resume:
         // no saved state can carry them, and waiting would time out.
@@ -507,58 +630,43 @@ impl Drop for Block {
     }
 }
 
-/// The I/O threads of an active disk.
-struct Pool {
-    threads: Vec<JoinHandle<()>>,
-    abort: Arc<AtomicBool>,
-}
-
-impl Drop for Pool {
-    fn drop(&mut self) {
-        // Requests still waiting are dropped unanswered (the device is
-        // being reset); the ones in progress complete on the disk.
-        self.abort.store(true, Ordering::SeqCst);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+impl Block {
+    /// The engine for a queue of `entries` entries: the disk's, or
+    /// threads if its ring cannot be set up after all (said once per
+    /// queue).
+    fn queue_engine(&self, io_name: &str, entries: u16) -> std::io::Result<Box<dyn IoEngine>> {
+        if self.engine == EngineKind::IoUring {
+            match UringEngine::new(&*self.rings, u32::from(entries), self.backend.clone()) {
+                Ok(engine) => return Ok(Box::new(engine)),
+                Err(e) => tracing::warn!(
+                    "{}: cannot set up an io_uring for a queue ({e}); it uses threads",
+                    self.name
+                ),
+            }
         }
+        Ok(Box::new(ThreadsEngine::new(
+            io_name,
+            THREADS_PER_QUEUE,
+            self.backend.clone(),
+            self.thread_affinity(),
+        )?))
     }
 }
 
-/// A chain taken off the available ring, for an I/O thread.
-struct Job {
-    chain: DescriptorChain<Arc<GuestMemoryMmap>>,
-    head: u16,
-    times: StageTimes,
-}
-
-/// A request an I/O thread finished, for the queue thread.
-struct Done {
-    head: u16,
-    used_len: u32,
-    record: RequestRecord,
-}
-
-struct IoThread {
-    mem: Arc<GuestMemoryMmap>,
+/// What every queue of an active disk shares.
+struct Shared {
     disk: Arc<dyn DiskBackend>,
     serial: [u8; SERIAL_LEN],
     metrics: Arc<Metrics>,
     capacity: u64,
     readonly: bool,
     acked_features: u64,
-    name: String,
-    policy: super::error_policy::ErrorPolicy,
-    errors: Arc<DiskErrors>,
-    jobs: Arc<Mutex<Receiver<Job>>>,
-    done: Sender<Done>,
-    done_evt: EventFd,
-    abort: Arc<AtomicBool>,
+    policy: ErrorPolicy,
 }
 
-impl IoThread {
-    fn run(self) {
-        let mut scratch = AlignedBuf::new(SCRATCH_LEN);
-        let ctx = RequestContext {
+impl Shared {
+    fn ctx(&self) -> RequestContext<'_> {
+        RequestContext {
             disk: &*self.disk,
             capacity: self.capacity,
             readonly: self.readonly,
@@ -566,99 +674,53 @@ impl IoThread {
             serial: self.serial,
             metrics: &self.metrics,
             errors: self.policy,
-        };
-        loop {
-            let job = {
-                let jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
-                jobs.recv()
-            };
-            let Ok(job) = job else { return };
-            if self.abort.load(Ordering::SeqCst) {
-                return;
-            }
-            let mut times = job.times;
-            times.submit = now_ns();
-            // A copy to run again if the error policy holds it.
-            let again = job.chain.clone();
-            let processed = process_chain_counted(job.chain, &self.mem, &ctx, &mut scratch);
-            if let Some(cause) = processed.completion.hold {
-                // Held: its stamps restart when the resume runs it again.
-                self.hold(
-                    Job {
-                        chain: again,
-                        head: job.head,
-                        times: job.times,
-                    },
-                    cause,
-                );
-                continue;
-            }
-            times.complete = now_ns();
-            add(&self.metrics.latency_us_sum, times.service_ns() / 1000);
-            add(&self.metrics.completed, 1);
-            let done = Done {
-                head: job.head,
-                used_len: processed.completion.used_len,
-                record: RequestRecord {
-                    kind: processed.kind,
-                    outcome: processed.outcome,
-                    bytes: processed.bytes,
-                    times,
-                },
-            };
-            if self.done.send(done).is_err() {
-                return;
-            }
-            let _ = self.done_evt.write(1);
         }
     }
 }
 
-impl IoThread {
-    /// Keeps a failed request unanswered for the resume and, the first
-    /// time, has the VM paused.
-    fn hold(&self, job: Job, cause: super::request::HoldCause) {
-        let reason = StopReason {
-            disk: self.name.clone(),
-            what: cause.what,
-            errno: cause.errno,
-        };
-        if let Some((handler, reason)) = self.errors.held.hold(job, reason) {
-            handler(&reason);
-        }
-    }
+/// A request with the engine.
+struct InFlight {
+    io: PendingIo,
+    /// Its chain, kept to run it again if its error policy holds it.
+    chain: DescriptorChain<Arc<GuestMemoryMmap>>,
+    times: StageTimes,
 }
 
-/// The queue thread's state.
+/// One queue thread's state.
 pub(crate) struct QueueHandler {
+    /// Dropped first (fields drop in order): it waits for the host to
+    /// finish with guest memory, which `mem` keeps mapped.
+    engine: Box<dyn IoEngine>,
+    /// The requests with the engine, by head index (the engine's token).
+    pending: Vec<Option<InFlight>>,
+    /// Completions reaped, kept to reuse the allocation.
+    reaped: Vec<Done>,
+    /// The buffer of requests run alone, made when first needed.
+    scratch: Option<AlignedBuf>,
     name: String,
     index: u16,
+    shared: Arc<Shared>,
     mem: Arc<GuestMemoryMmap>,
     queue: Queue,
     kick: EventFd,
-    done_evt: EventFd,
-    done_rx: Receiver<Done>,
-    jobs: Sender<Job>,
     retry_evt: EventFd,
     errors: Arc<DiskErrors>,
-    /// Requests handed to the I/O threads and not yet in the used ring
-    /// (held ones included).
+    /// Requests taken off the ring and not yet in the used ring (held
+    /// ones included), for the statistics' in-flight count at a reset.
     in_flight: usize,
     stats: Arc<DiskStats>,
     /// The requests put in the used ring since the last interrupt
     /// decision, counted once it is made (reused, not reallocated).
     finished: Vec<RequestRecord>,
     interrupt: Arc<dyn VirtioInterrupt>,
-    /// Dropped after `jobs` (fields drop in order): a reset stops the
-    /// queue thread, then the I/O threads see the job channel closed,
-    /// finish what they are doing and are joined.
-    _pool: Pool,
 }
 
 impl QueueHandler {
-    /// Hands every available chain to the I/O threads; `kick` is when
+    /// Takes every available chain, starts each, and hands the engine
+    /// the batch; interrupts for what completed at once. `kick` is when
     /// the queue thread woke for them.
     fn take_requests(&mut self, kick: u64) {
+        let mut added = false;
         loop {
             if let Err(e) = self.queue.disable_notification(&*self.mem) {
                 tracing::warn!("{}: cannot disable notifications: {e}", self.name);
@@ -666,53 +728,125 @@ impl QueueHandler {
             let mut taken = 0;
             while let Some(chain) = self.queue.pop_descriptor_chain(self.mem.clone()) {
                 taken += 1;
-                let mut times = StageTimes::kicked_at(kick);
-                times.dequeue = now_ns();
-                let job = Job {
-                    head: chain.head_index(),
-                    chain,
-                    times,
-                };
-                if self.jobs.send(job).is_err() {
-                    return;
-                }
-                self.in_flight += 1;
-                self.stats.dequeued();
+                added |= self.dequeue(chain, kick);
             }
+            self.engine.kick();
             match self.queue.enable_notification(&*self.mem) {
                 // More arrived meanwhile; but if nothing could be taken the
                 // ring is broken (e.g. an avail index out of range) and
                 // looping would spin.
                 Ok(true) if taken > 0 => continue,
-                Ok(_) => return,
+                Ok(_) => break,
                 Err(e) => {
                     tracing::warn!("{}: cannot enable notifications: {e}", self.name);
-                    return;
+                    break;
                 }
             }
         }
+        self.inject_interrupt(added);
     }
 
-    /// Puts finished requests in the used ring and interrupts if needed.
-    fn complete(&mut self) {
-        let mut added = false;
-        while let Ok(done) = self.done_rx.try_recv() {
-            added |= self.add_used(done);
+    /// A chain taken off the available ring: counted in flight, stamped,
+    /// parsed and started. Returns whether it completed at once (and is
+    /// in the used ring).
+    fn dequeue(&mut self, chain: DescriptorChain<Arc<GuestMemoryMmap>>, kick: u64) -> bool {
+        let mut times = StageTimes::kicked_at(kick);
+        times.dequeue = now_ns();
+        self.in_flight += 1;
+        self.stats.dequeued();
+        self.start(chain, times)
+    }
+
+    /// Parses and starts a chain (taken now, or held and run again):
+    /// done at once, handed to the engine, or run alone.
+    fn start(
+        &mut self,
+        chain: DescriptorChain<Arc<GuestMemoryMmap>>,
+        mut times: StageTimes,
+    ) -> bool {
+        let head = chain.head_index();
+        let again = chain.clone();
+        let (shared, mem) = (self.shared.clone(), self.mem.clone());
+        let ctx = shared.ctx();
+        // What completes without an engine is "submitted" as it starts.
+        times.submit = now_ns();
+        match begin(chain, &mem, &ctx) {
+            Started::Done(processed) => self.complete(head, again, processed, times),
+            Started::Io(io, op) => {
+                let request = InFlight {
+                    io,
+                    chain: again,
+                    times,
+                };
+                self.submit_to_host(head, request, op);
+                false
+            }
+            Started::Alone(request) => self.run_alone(head, again, request, &ctx, times),
         }
-        self.notify_if_added(added);
-        self.count_finished();
     }
 
-    /// Puts one finished request in the used ring; whether it went in.
-    fn add_used(&mut self, done: Done) -> bool {
-        let Done {
-            head,
-            used_len: len,
-            record,
-        } = done;
+    /// Hands a request's op to the host (through the engine).
+    fn submit_to_host(&mut self, head: u16, mut request: InFlight, op: IoOp) {
+        request.times.submit = now_ns();
+        match self.pending.get_mut(usize::from(head)) {
+            Some(slot) => *slot = Some(request),
+            // virtio-queue hands out heads below the queue size only.
+            None => return tracing::error!("{}: head {head} beyond the queue", self.name),
+        }
+        self.engine.submit(head, op);
+    }
+
+    /// The host finished an op: the request completes (or is held).
+    fn on_host_completion(&mut self, done: Done) -> bool {
+        let Some(request) = self
+            .pending
+            .get_mut(usize::from(done.token))
+            .and_then(Option::take)
+        else {
+            tracing::error!(
+                "{}: completion of unknown request {}",
+                self.name,
+                done.token
+            );
+            return false;
+        };
+        let shared = self.shared.clone();
+        let processed = request
+            .io
+            .finish(done.op, done.result, &self.mem, &shared.ctx());
+        self.complete(done.token, request.chain, processed, request.times)
+    }
+
+    /// A request's host part is over: holds it if its error policy says
+    /// stop, else stamps and counts it and puts it in the used ring;
+    /// whether it went in.
+    fn complete(
+        &mut self,
+        head: u16,
+        chain: DescriptorChain<Arc<GuestMemoryMmap>>,
+        processed: Processed,
+        mut times: StageTimes,
+    ) -> bool {
+        if let Some(cause) = processed.completion.hold {
+            self.hold(chain, times.kick, cause);
+            return false;
+        }
+        times.complete = now_ns();
+        let metrics = &self.shared.metrics;
+        count_completion(&processed.completion, metrics);
+        add(&metrics.latency_us_sum, times.service_ns() / 1000);
+        add(&metrics.completed, 1);
         self.in_flight = self.in_flight.saturating_sub(1);
-        self.finished.push(record);
-        match self.queue.add_used(&*self.mem, head, len) {
+        self.finished.push(RequestRecord {
+            kind: processed.kind,
+            outcome: processed.outcome,
+            bytes: processed.bytes,
+            times,
+        });
+        match self
+            .queue
+            .add_used(&*self.mem, head, processed.completion.used_len)
+        {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!("{}: cannot complete request {head}: {e}", self.name);
@@ -721,31 +855,48 @@ impl QueueHandler {
         }
     }
 
-    /// Waits (on the caller's thread, the queue thread being parked) until
-    /// every request in flight is in the used ring, then interrupts if the
-    /// driver wants it. On timeout, returns how many are still out.
-    fn drain(&mut self, timeout: Duration) -> Result<(), usize> {
-        let deadline = Instant::now() + timeout;
-        let mut added = false;
-        let mut result = Ok(());
-        while self.in_flight > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.done_rx.recv_timeout(left) {
-                Ok(done) => added |= self.add_used(done),
-                Err(_) => {
-                    result = Err(self.in_flight);
-                    break;
-                }
-            }
+    /// Keeps a failed request unanswered for the resume and, the first
+    /// time since the last resume, has the VM paused. It stays in flight.
+    fn hold(&self, chain: DescriptorChain<Arc<GuestMemoryMmap>>, kick: u64, cause: HoldCause) {
+        let reason = StopReason {
+            disk: self.name.clone(),
+            what: cause.what,
+            errno: cause.errno,
+        };
+        let held = Held {
+            queue: self.index,
+            chain,
+            kick,
+        };
+        if let Some((handler, reason)) = self.errors.held.hold(held, reason) {
+            handler(&reason);
         }
-        self.notify_if_added(added);
-        self.count_finished();
-        result
     }
 
-    /// Stamps the requests just put in the used ring with the interrupt
-    /// (injected or not) and counts them.
-    fn count_finished(&mut self) {
+    /// Runs again the held requests a resume handed this queue, through
+    /// the same steps as new ones; whether any completed at once.
+    fn retry_held(&mut self) -> bool {
+        let mut added = false;
+        for held in self.errors.take_retries(self.index) {
+            let mut times = StageTimes::kicked_at(held.kick);
+            times.dequeue = now_ns();
+            added |= self.start(held.chain, times);
+        }
+        self.engine.kick();
+        added
+    }
+
+    /// Interrupts the guest if requests were completed and the driver
+    /// wants to hear of it (EVENT_IDX), then stamps the requests just put
+    /// in the used ring with that moment (interrupt injected or not) and
+    /// counts them in this queue's share of the statistics.
+    fn inject_interrupt(&mut self, added: bool) {
+        if added {
+            match self.queue.needs_notification(&*self.mem) {
+                Ok(false) => {}
+                Ok(true) | Err(_) => self.interrupt.notify_queue(self.index),
+            }
+        }
         let interrupt = now_ns();
         for mut record in self.finished.drain(..) {
             record.times.interrupt = interrupt;
@@ -753,19 +904,70 @@ impl QueueHandler {
         }
     }
 
-    fn notify_if_added(&mut self, added: bool) {
-        if added {
-            match self.queue.needs_notification(&*self.mem) {
-                Ok(false) => {}
-                Ok(true) | Err(_) => self.interrupt.notify_queue(self.index),
-            }
+    /// Completes what the engine finished; whether any went in the used
+    /// ring.
+    fn reap(&mut self) -> bool {
+        let mut reaped = std::mem::take(&mut self.reaped);
+        self.engine.reap(&mut reaped);
+        let mut added = false;
+        for done in reaped.drain(..) {
+            added |= self.on_host_completion(done);
         }
+        self.reaped = reaped;
+        added
+    }
+
+    /// Runs a request that must not overlap the queue's other accesses
+    /// (see [`Started::Alone`]) once they are done.
+    fn run_alone(
+        &mut self,
+        head: u16,
+        chain: DescriptorChain<Arc<GuestMemoryMmap>>,
+        request: Request<'_>,
+        ctx: &RequestContext,
+        mut times: StageTimes,
+    ) -> bool {
+        let mut added = false;
+        self.engine.kick();
+        while self.engine.in_flight() > 0 {
+            wait_for_completions(&*self.engine, DRAIN_TIMEOUT);
+            added |= self.reap();
+        }
+        let scratch = self
+            .scratch
+            .get_or_insert_with(|| AlignedBuf::new(SCRATCH_LEN));
+        times.submit = now_ns();
+        let processed = request.execute_counted(&self.mem, ctx, scratch);
+        added |= self.complete(head, chain, processed, times);
+        added
+    }
+
+    /// Waits (on the caller's thread, the queue thread being parked) until
+    /// every request in flight is in the used ring, then interrupts if the
+    /// driver wants it. On timeout, returns how many are still out.
+    fn drain(&mut self, timeout: Duration) -> Result<(), usize> {
+        let deadline = Instant::now() + timeout;
+        // Held requests a resume handed back and the queue thread has not
+        // started yet are started now, so that they are drained too.
+        let mut added = self.retry_held();
+        let mut result = Ok(());
+        self.engine.kick();
+        while self.engine.in_flight() > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !wait_for_completions(&*self.engine, left) {
+                result = Err(self.engine.in_flight());
+                break;
+            }
+            added |= self.reap();
+        }
+        self.inject_interrupt(added);
+        result
     }
 }
 
 impl Drop for QueueHandler {
-    /// A reset drops the requests still with the I/O threads unanswered:
-    /// they are no longer in flight.
+    /// A reset drops the requests still in flight (held ones included)
+    /// unanswered: they are no longer in flight.
     fn drop(&mut self) {
         self.stats.abandoned(self.in_flight as u64);
     }
@@ -780,17 +982,15 @@ impl WorkerHandler for QueueHandler {
                 self.take_requests(kick);
             }
             DONE_TOKEN => {
-                let _ = self.done_evt.read();
-                self.complete();
+                let added = self.reap();
+                // A submission the kernel deferred goes now.
+                self.engine.kick();
+                self.inject_interrupt(added);
             }
             RETRY_TOKEN => {
                 let _ = self.retry_evt.read();
-                // Still in flight: they go back to the I/O threads.
-                for job in self.errors.held.take() {
-                    if self.jobs.send(job).is_err() {
-                        return;
-                    }
-                }
+                let added = self.retry_held();
+                self.inject_interrupt(added);
             }
             _ => {}
         }

@@ -2,10 +2,13 @@
 //!
 //! [`FileDisk`] serves a regular file or a host block device with the
 //! [`CacheMode`] semantics; [`MemDisk`] keeps the sectors in memory (tests,
-//! fuzzing). Requests reach a back end through [`DiskBackend`], always with
-//! ranges already checked against the capacity and buffers that are not
-//! guest memory (the request code copies through an [`AlignedBuf`]), so a
-//! back end never sees a guest address.
+//! fuzzing). Requests reach a back end in two ways, always with ranges
+//! already checked against the capacity: an I/O engine (`engine`) reads
+//! and writes the back end's descriptor ([`DiskBackend::raw_fd`]) with
+//! iovecs over guest memory or an aligned bounce buffer, and everything
+//! else (discard, write-zeroes, back ends without a descriptor, accesses
+//! O_DIRECT cannot take) goes through [`DiskBackend`]'s methods with
+//! buffers that are not guest memory.
 
 use std::alloc::{self, Layout};
 use std::fs::{File, OpenOptions};
@@ -92,6 +95,28 @@ pub trait DiskBackend: Send + Sync {
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Makes a range read as zeroes, deallocating it if `unmap` allows.
     fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> io::Result<()>;
+    /// The descriptor an I/O engine reads and writes with vectored I/O
+    /// straight from guest memory; None (the default) for a back end that
+    /// must be given copies through `read_at`/`write_at`.
+    fn raw_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// The offset, length and memory alignment the descriptor needs
+    /// (O_DIRECT); 1 when anything goes.
+    fn direct_alignment(&self) -> u64 {
+        1
+    }
+    /// Whether `flush` does nothing (cache=unsafe), so a FLUSH request
+    /// need not reach an engine.
+    fn ignores_flush(&self) -> bool {
+        false
+    }
+    /// The sticky flush state an engine's own syncs feed (see
+    /// [`super::sticky`]); None for a back end whose flushes cannot fail
+    /// that way.
+    fn sticky(&self) -> Option<&StickyFlush> {
+        None
+    }
 }
 
 /// A disk image file or host block device.
@@ -424,6 +449,22 @@ impl DiskBackend for FileDisk {
                 self.sticky.run(|| self.file.sync_data()).map(|()| true)
             }
         }
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        Some(self.file.as_raw_fd())
+    }
+
+    fn direct_alignment(&self) -> u64 {
+        self.align
+    }
+
+    fn ignores_flush(&self) -> bool {
+        self.cache == CacheMode::Unsafe
+    }
+
+    fn sticky(&self) -> Option<&StickyFlush> {
+        Some(&self.sticky)
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -5,7 +5,9 @@
 //! - this module: the `--disk` options ([`BlockConfig`]) and the errors of
 //!   opening an image ([`BlockError`]);
 //! - [`device`]: [`Block`], the [`VirtioDevice`](super::VirtioDevice): its
-//!   features and configuration space, the queue thread and the I/O pool;
+//!   features and configuration space, one thread per queue;
+//! - [`engine`]: how a queue's reads, writes and flushes reach the host
+//!   (io_uring or threads), many at once;
 //! - [`request`]: parsing one descriptor chain into a request and running
 //!   it, never trusting the guest;
 //! - [`io`]: the disk back ends ([`FileDisk`] with the cache modes and
@@ -26,16 +28,20 @@
 //! to the virtio transport like any other
 //! [`VirtioDevice`](super::VirtioDevice).
 //!
-//! `cache=none` opens the image with O_DIRECT. Guest buffers are never
-//! handed to the kernel directly: data goes through aligned bounce buffers,
-//! so guest addresses need no alignment. A request whose disk offset or
-//! length is not aligned to the host's logical block size (probed at open:
-//! 512 or 4096) goes through a second, buffered descriptor of the same
-//! image, serialised against the O_DIRECT accesses; a flush (fdatasync)
-//! covers both.
+//! Reads and writes go to the host through the queue's I/O engine
+//! ([`engine`]: io_uring, or a thread pool where the kernel refuses it)
+//! with iovecs over the guest's own buffers. `cache=none` opens the image
+//! with O_DIRECT; a request whose guest buffers O_DIRECT cannot take as
+//! they are (an address or length not aligned to the host's logical block
+//! size, probed at open: 512 or 4096) goes through an aligned bounce
+//! buffer instead. One whose disk offset or length is not aligned goes
+//! through a second, buffered descriptor of the same image, alone (its
+//! queue's other requests drained first); a flush (fdatasync) covers
+//! both.
 
 pub mod counters;
 pub mod device;
+pub mod engine;
 pub mod error_policy;
 pub mod histogram;
 pub mod io;
@@ -45,6 +51,8 @@ pub mod request;
 pub mod stats;
 pub mod sticky;
 
+#[cfg(test)]
+mod engine_tests;
 #[cfg(test)]
 mod tests;
 
@@ -58,6 +66,7 @@ use error_policy::{ErrorAction, ErrorPolicy};
 
 pub use counters::{DiskCounters, KindCounters, Outcome, RequestKind, Stage, StageCounters};
 pub use device::{Block, BlockState};
+pub use engine::EngineKind;
 pub use histogram::HistogramSnapshot;
 pub use io::{AlignedBuf, DiskBackend, FileDisk, Locking, MemDisk};
 pub use metrics::BlockMetrics;
@@ -74,6 +83,15 @@ pub const SECTOR_SIZE: u64 = 512;
 pub const SECTOR_SHIFT: u32 = 9;
 /// Length of the GET_ID serial (VIRTIO_BLK_ID_BYTES).
 pub const SERIAL_LEN: usize = 20;
+/// Most request queues a disk serves (`num_queues=`): each has its own
+/// thread, ring and MSI-X vector.
+pub const MAX_QUEUES: u16 = 64;
+/// Entries per queue by default (`queue_size=`).
+pub const DEFAULT_QUEUE_SIZE: u16 = 256;
+/// Smallest and largest `queue_size=`: room for a header, one data buffer
+/// and a status; the split ring's maximum.
+pub const MIN_QUEUE_SIZE: u16 = 4;
+pub const MAX_QUEUE_SIZE: u16 = 32768;
 
 /// How the host caches the image, as QEMU and Cloud Hypervisor name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -111,6 +129,7 @@ impl fmt::Display for CacheMode {
 }
 
 /// One `--disk path=FILE[,readonly=on][,cache=writeback|none|unsafe][,id=NAME]
+/// [,engine=io_uring|threads][,num_queues=N][,queue_size=N][,iothread_affinity=[..]]
 /// [,werror=report|stop][,rerror=report|stop]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockConfig {
@@ -128,6 +147,14 @@ pub struct BlockConfig {
     pub iothread_affinity: Option<CpuSet>,
     /// What host write and read errors do (`werror=`, `rerror=`).
     pub errors: ErrorPolicy,
+    /// The I/O engine asked for; io_uring falls back to threads where the
+    /// kernel refuses it.
+    pub engine: EngineKind,
+    /// Request queues (VIRTIO_BLK_F_MQ); when absent the VMM gives one per
+    /// vCPU ([`BlockConfig::with_default_queues`]), else 1.
+    pub num_queues: Option<u16>,
+    /// Entries per queue.
+    pub queue_size: u16,
 }
 
 impl BlockConfig {
@@ -140,7 +167,25 @@ impl BlockConfig {
             id: None,
             iothread_affinity: None,
             errors: ErrorPolicy::default(),
+            engine: EngineKind::IoUring,
+            num_queues: None,
+            queue_size: DEFAULT_QUEUE_SIZE,
         }
+    }
+
+    /// The number of queues served: as asked, or `vcpus` (at most
+    /// [`MAX_QUEUES`]) when not.
+    pub fn with_default_queues(mut self, vcpus: usize) -> BlockConfig {
+        if self.num_queues.is_none() {
+            let n = u16::try_from(vcpus).unwrap_or(MAX_QUEUES);
+            self.num_queues = Some(n.clamp(1, MAX_QUEUES));
+        }
+        self
+    }
+
+    /// The number of queues served (1 when not set).
+    pub fn queues(&self) -> u16 {
+        self.num_queues.unwrap_or(1)
     }
 
     /// Parses the text of one `--disk` option; a bare value is the path.
@@ -163,6 +208,27 @@ impl BlockConfig {
             werror: action(o.choice("werror", &ErrorAction::NAMES, "report")?),
             rerror: action(o.choice("rerror", &ErrorAction::NAMES, "report")?),
         };
+        let engine = o.choice("engine", &EngineKind::NAMES, "io_uring")?;
+        let engine = EngineKind::from_name(engine).expect("choice() returns one of NAMES");
+        let num_queues = o.parsed::<u16>("num_queues")?;
+        if let Some(n) = num_queues {
+            if !(1..=MAX_QUEUES).contains(&n) {
+                return Err(invalid(
+                    "num_queues",
+                    &n.to_string(),
+                    &format!("between 1 and {MAX_QUEUES}"),
+                ));
+            }
+        }
+        let queue_size = o.parsed::<u16>("queue_size")?.unwrap_or(DEFAULT_QUEUE_SIZE);
+        if !queue_size.is_power_of_two() || !(MIN_QUEUE_SIZE..=MAX_QUEUE_SIZE).contains(&queue_size)
+        {
+            return Err(invalid(
+                "queue_size",
+                &queue_size.to_string(),
+                &format!("a power of two from {MIN_QUEUE_SIZE} to {MAX_QUEUE_SIZE}"),
+            ));
+        }
         o.finish()?;
         Ok(BlockConfig {
             path: PathBuf::from(path),
@@ -171,6 +237,9 @@ impl BlockConfig {
             id,
             iothread_affinity,
             errors,
+            engine,
+            num_queues,
+            queue_size,
         })
     }
 }

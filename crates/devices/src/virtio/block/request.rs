@@ -25,10 +25,11 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_T_WRITE_ZEROES, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP,
 };
 use virtio_queue::{DescriptorChain, Reader, Writer};
-use vm_memory::bitmap::{AtomicBitmap, BS};
+use vm_memory::bitmap::{AtomicBitmap, Bitmap, BS};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use super::counters::{Outcome, RequestKind};
+use super::engine::{run_blocking, IoOp, OpKind};
 use super::error_policy::{Access, ErrorAction, ErrorPolicy};
 use super::io::{AlignedBuf, DiskBackend};
 use super::metrics::{add, Metrics};
@@ -54,6 +55,12 @@ pub const DISCARD_SECTOR_ALIGNMENT: u32 = 8;
 
 const HEADER_LEN: usize = 16;
 const SEGMENT_LEN: usize = 16;
+/// The largest bounce buffer an engine's op gets; a larger access that
+/// needs one (no Linux driver sends one) runs alone, in pieces.
+const MAX_BOUNCE: usize = 4 << 20;
+/// At most this many iovecs per op (the kernel's IOV_MAX); a chain split
+/// finer goes through a bounce buffer.
+const MAX_IOVECS: usize = 1024;
 
 /// The guest memory's bitmap slice type (what its Reader/Writer carry).
 type Slice<'a> = BS<'a, AtomicBitmap>;
@@ -86,7 +93,7 @@ impl From<u32> for RequestType {
 }
 
 /// Why a request failed.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RequestError {
     #[error("the descriptor chain is empty, loops, is too long or leaves its table")]
     BrokenChain,
@@ -128,6 +135,9 @@ pub enum RequestError {
     /// `werror`/`rerror` (see [`super::error_policy`]).
     #[error("host I/O error: {message}")]
     Host { errno: i32, message: String },
+    /// Not a failure: the access must run alone (see [`Started::Alone`]).
+    #[error("the access must run alone")]
+    NeedsAlone,
 }
 
 impl RequestError {
@@ -187,6 +197,10 @@ pub struct Request<'a> {
     writer: Writer<'a, Slice<'a>>,
     /// The status byte (checked to be in guest memory).
     status: GuestAddress,
+    /// The chain's device-readable and device-writable buffers in order,
+    /// for the engines' iovecs.
+    readable: Vec<(GuestAddress, usize)>,
+    writable: Vec<(GuestAddress, usize)>,
 }
 
 /// What a request runs against.
@@ -284,16 +298,21 @@ impl<'a> Request<'a> {
         let mut seen_writable = false;
         let mut misordered = false;
         let mut status = None;
+        let (mut readable, mut writable) = (Vec::new(), Vec::new());
         for desc in chain.clone() {
             count += 1;
             last_has_next = desc.has_next();
+            let buffer = (desc.addr(), desc.len() as usize);
             if desc.is_write_only() {
+                writable.push(buffer);
                 seen_writable = true;
                 if desc.len() > 0 {
                     status = desc.addr().checked_add(u64::from(desc.len()) - 1);
                 }
             } else if seen_writable {
                 misordered = true;
+            } else {
+                readable.push(buffer);
             }
         }
         if count == 0 || last_has_next {
@@ -329,6 +348,8 @@ impl<'a> Request<'a> {
             reader,
             writer,
             status: status_addr,
+            readable,
+            writable,
         })
     }
 
@@ -337,8 +358,148 @@ impl<'a> Request<'a> {
         self.status
     }
 
-    /// Runs the request: moves data between the guest and the disk through
-    /// `scratch`, writes the status byte, and returns the completion.
+    /// Starts the request: what needs no engine is done here (GET_ID,
+    /// DISCARD, WRITE_ZEROES, flushes the cache mode ignores, every
+    /// failure); a read, write or flush becomes an [`IoOp`] for the
+    /// queue's engine; an access O_DIRECT cannot take is left to run
+    /// alone ([`Started::Alone`]).
+    pub fn start(mut self, mem: &GuestMemoryMmap, ctx: &RequestContext) -> Started<'a> {
+        let io = match self.request_type {
+            RequestType::In => self.data_op(OpKind::Read, mem, ctx),
+            RequestType::Out => self.data_op(OpKind::Write, mem, ctx),
+            RequestType::Flush if ctx.disk.ignores_flush() => Ok(None),
+            // After a failed sync every flush fails without syncing, in
+            // every engine (see [`super::sticky`]).
+            RequestType::Flush => match ctx.disk.sticky().and_then(|s| s.refusal()) {
+                Some(e) => Err(RequestError::host(e)),
+                None => Ok(Some(IoOp::flush())),
+            },
+            RequestType::GetId => {
+                let (result, data_len) = self.get_id(ctx);
+                return Started::Done(self.complete(mem, ctx, result, data_len, 0));
+            }
+            RequestType::Discard | RequestType::WriteZeroes => {
+                let (result, data_len, moved) = split_moved(self.discard(ctx));
+                return Started::Done(self.complete(mem, ctx, result, data_len, moved));
+            }
+            RequestType::Unsupported(t) => Err(RequestError::Unsupported(t)),
+        };
+        match io {
+            Ok(Some(op)) => {
+                let segments = match op.kind {
+                    OpKind::Read => data_segments(&self.writable, 0, 1),
+                    OpKind::Write => data_segments(&self.readable, HEADER_LEN, 0),
+                    OpKind::Flush => Vec::new(),
+                };
+                let pending = PendingIo {
+                    request_type: self.request_type,
+                    status: self.status,
+                    len: op.len(),
+                    segments,
+                };
+                Started::Io(pending, op)
+            }
+            Ok(None) => Started::Done(self.complete(mem, ctx, Ok(()), 0, 0)),
+            Err(RequestError::NeedsAlone) => Started::Alone(self),
+            Err(e) => Started::Done(self.complete(mem, ctx, Err(e), 0, 0)),
+        }
+    }
+
+    /// The op of a read or write: zero-copy over the guest's buffers when
+    /// the back end has a descriptor that can take them as they are, else
+    /// through a bounce buffer (filled here for a write); None for no
+    /// data at all.
+    fn data_op(
+        &mut self,
+        kind: OpKind,
+        mem: &GuestMemoryMmap,
+        ctx: &RequestContext,
+    ) -> Result<Option<IoOp>, RequestError> {
+        let (data, other_way) = match kind {
+            OpKind::Read => (self.writer.available_bytes(), self.reader.available_bytes()),
+            _ => (self.reader.available_bytes(), self.writer.available_bytes()),
+        };
+        if kind == OpKind::Write && ctx.readonly {
+            return Err(RequestError::ReadOnly);
+        }
+        // Data the wrong way round means the driver got directions wrong.
+        if other_way > 0 {
+            return Err(RequestError::WrongDirection);
+        }
+        let offset = self.check_range(ctx, data as u64)?;
+        if data == 0 {
+            return Ok(None);
+        }
+        let align = usize::try_from(ctx.disk.direct_alignment()).unwrap_or(usize::MAX);
+        if offset % align as u64 != 0 || data % align != 0 {
+            // O_DIRECT cannot take this access at all (a 512-byte sector
+            // on a 4K-sector host disk): the buffered descriptor serves
+            // it, alone, as it must not interleave with direct accesses.
+            return Err(RequestError::NeedsAlone);
+        }
+        let dsync = kind == OpKind::Write
+            && ctx.acked_features & (1 << VIRTIO_BLK_F_FLUSH) == 0
+            && !ctx.disk.ignores_flush();
+        let mut op = IoOp {
+            kind,
+            offset,
+            iovecs: Vec::new(),
+            bounce: None,
+            dsync,
+        };
+        if ctx.disk.raw_fd().is_some() {
+            let segments = match kind {
+                OpKind::Read => data_segments(&self.writable, 0, 1),
+                _ => data_segments(&self.readable, HEADER_LEN, 0),
+            };
+            let iovecs = guest_iovecs(mem, &segments, kind == OpKind::Read)?;
+            let aligned = iovecs
+                .iter()
+                .all(|v| (v.iov_base as usize | v.iov_len).is_multiple_of(align));
+            if aligned && iovecs.len() <= MAX_IOVECS {
+                op.iovecs = iovecs;
+                return Ok(Some(op));
+            }
+        }
+        if data > MAX_BOUNCE {
+            return Err(RequestError::NeedsAlone);
+        }
+        let mut buf = AlignedBuf::new(data);
+        if kind == OpKind::Write {
+            self.reader.read_exact(&mut buf[..data])?;
+        }
+        op.iovecs = vec![libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: data,
+        }];
+        op.bounce = Some(buf);
+        Ok(Some(op))
+    }
+
+    /// Ends the request with `result` (see [`conclude`]).
+    fn complete(
+        &self,
+        mem: &GuestMemoryMmap,
+        ctx: &RequestContext,
+        result: Result<(), RequestError>,
+        data_len: u64,
+        moved: u64,
+    ) -> Processed {
+        conclude(
+            mem,
+            ctx,
+            self.request_type,
+            self.status,
+            result,
+            data_len,
+            moved,
+        )
+    }
+
+    /// Runs the request whole on this thread, moving data between the
+    /// guest and the disk through `scratch`: for what [`Request::start`]
+    /// leaves to run alone. Writes the status byte and returns the
+    /// completion.
     pub fn execute(
         self,
         mem: &GuestMemoryMmap,
@@ -370,39 +531,15 @@ impl<'a> Request<'a> {
             RequestType::Discard | RequestType::WriteZeroes => split_moved(self.discard(ctx)),
             RequestType::Unsupported(t) => (Err(RequestError::Unsupported(t)), 0, 0),
         };
-        if let (Err(RequestError::Host { errno, .. }), Some((access, what))) =
-            (&result, self.request_type.access())
-        {
-            if ctx.errors.decide(access) == ErrorAction::Stop {
-                // Not counted: it runs again at the resume.
-                return Processed {
-                    completion: Completion {
-                        status: None,
-                        used_len: 0,
-                        hold: Some(HoldCause {
-                            what,
-                            errno: *errno,
-                        }),
-                    },
-                    kind: self.request_type.into(),
-                    outcome: Outcome::Failed,
-                    bytes: 0,
-                };
-            }
-        }
-        let (status, outcome) = match &result {
-            Ok(()) => (VIRTIO_BLK_S_OK, Outcome::Ok),
-            Err(e) => {
-                tracing::debug!("virtio-blk {:?} request failed: {e}", self.request_type);
-                (e.status(), e.outcome())
-            }
-        };
-        Processed {
-            completion: write_status(mem, self.status, status, data_len),
-            kind: self.request_type.into(),
-            outcome,
-            bytes: if outcome == Outcome::Ok { moved } else { 0 },
-        }
+        conclude(
+            mem,
+            ctx,
+            self.request_type,
+            self.status,
+            result,
+            data_len,
+            moved,
+        )
     }
 
     fn check_range(&self, ctx: &RequestContext, len: u64) -> Result<u64, RequestError> {
@@ -539,6 +676,54 @@ impl<'a> Request<'a> {
     }
 }
 
+/// Ends a request with `result`: a host error whose policy is `stop`
+/// holds it (nothing written to the guest; it runs again at the resume),
+/// anything else writes the status byte. `data_len` is the used length
+/// of the data, `moved` the bytes the statistics count.
+fn conclude(
+    mem: &GuestMemoryMmap,
+    ctx: &RequestContext,
+    request_type: RequestType,
+    status_addr: GuestAddress,
+    result: Result<(), RequestError>,
+    data_len: u64,
+    moved: u64,
+) -> Processed {
+    if let (Err(RequestError::Host { errno, .. }), Some((access, what))) =
+        (&result, request_type.access())
+    {
+        if ctx.errors.decide(access) == ErrorAction::Stop {
+            // Not counted: it runs again at the resume.
+            return Processed {
+                completion: Completion {
+                    status: None,
+                    used_len: 0,
+                    hold: Some(HoldCause {
+                        what,
+                        errno: *errno,
+                    }),
+                },
+                kind: request_type.into(),
+                outcome: Outcome::Failed,
+                bytes: 0,
+            };
+        }
+    }
+    let (status, outcome) = match &result {
+        Ok(()) => (VIRTIO_BLK_S_OK, Outcome::Ok),
+        Err(e) => {
+            tracing::debug!("virtio-blk {request_type:?} request failed: {e}");
+            (e.status(), e.outcome())
+        }
+    };
+    Processed {
+        completion: write_status(mem, status_addr, status, data_len),
+        kind: request_type.into(),
+        outcome,
+        bytes: if outcome == Outcome::Ok { moved } else { 0 },
+    }
+}
+
 /// A result with the bytes moved → (result, no data for the used ring,
 /// bytes moved).
 fn split_moved(result: Result<u64, RequestError>) -> (Result<(), RequestError>, u64, u64) {
@@ -598,10 +783,278 @@ fn write_status(
     }
 }
 
-/// Parses and runs the request in `chain`, whatever it holds, and counts
-/// it in `ctx.metrics` (not its latency: the caller knows when it took
-/// the chain). This is the whole device-side handling of one chain, also
-/// the entry point of the `block_request` fuzz target.
+/// What becomes of a chain once taken off the ring.
+pub enum Started<'a> {
+    /// Completed already (status written, or held: see
+    /// [`Completion::hold`]).
+    Done(Processed),
+    /// The op for the queue's engine; [`PendingIo::finish`] completes the
+    /// request with its result.
+    Io(PendingIo, IoOp),
+    /// An access O_DIRECT cannot take (cache=none, an offset or length
+    /// not aligned to the host's block) or that needs a bounce buffer
+    /// above [`MAX_BOUNCE`]: once nothing else is in flight, run it with
+    /// [`Request::execute`].
+    Alone(Request<'a>),
+}
+
+/// A request whose op is with an engine: what completing it needs.
+pub struct PendingIo {
+    request_type: RequestType,
+    status: GuestAddress,
+    /// Bytes the op moves.
+    len: usize,
+    /// The guest buffers of the data, in order (where a bounce buffer's
+    /// contents go, and what a zero-copy read dirtied).
+    segments: Vec<(GuestAddress, usize)>,
+}
+
+impl PendingIo {
+    /// Completes the request with its op's `result`: finishes a short
+    /// transfer with blocking calls, zero-fills what lies past the end of
+    /// the image, copies a bounce buffer to the guest, marks the guest
+    /// pages the kernel wrote dirty (for migration's dirty log), counts
+    /// the bytes and writes the status byte. A flush's outcome feeds the
+    /// disk's sticky flush state, whichever engine ran it; a host error is
+    /// subject to the disk's error policy (see [`conclude`]): held, the
+    /// guest's buffers get nothing more.
+    pub fn finish(
+        self,
+        mut op: IoOp,
+        result: std::io::Result<usize>,
+        mem: &GuestMemoryMmap,
+        ctx: &RequestContext,
+    ) -> Processed {
+        let result = match result {
+            Ok(n) if n < self.len => run_blocking(&mut op, ctx.disk, n),
+            r => r,
+        };
+        let result = match (op.kind, ctx.disk.sticky()) {
+            // The engines sync the descriptor themselves (an io_uring
+            // fsync, or the threads' fdatasync), not through
+            // FileDisk::flush: the outcome is recorded here, once.
+            (OpKind::Flush, Some(sticky)) => sticky.record(result.map(|_| ())).map(|()| 0),
+            _ => result,
+        };
+        let zero_copy = op.bounce.is_none();
+        // RWF_DSYNC (write-through without FLUSH) syncs like a flush.
+        let synced = op.dsync;
+        let outcome = match (op.kind, result) {
+            (OpKind::Read, Ok(n)) => {
+                let copied = match op.bounce.as_mut() {
+                    Some(buf) => {
+                        buf[n.min(self.len)..self.len].fill(0);
+                        write_segments(mem, &self.segments, 0, &buf[..self.len])
+                    }
+                    None => {
+                        mark_dirty(mem, &self.segments);
+                        let zeroes = vec![0u8; self.len.saturating_sub(n)];
+                        write_segments(mem, &self.segments, n, &zeroes)
+                    }
+                };
+                copied.map(|()| {
+                    add(&ctx.metrics.read_bytes, self.len as u64);
+                    self.len as u64
+                })
+            }
+            (OpKind::Read, Err(e)) => {
+                if zero_copy {
+                    // The kernel may have written part of it.
+                    mark_dirty(mem, &self.segments);
+                }
+                Err(RequestError::host(e))
+            }
+            (OpKind::Write, Ok(_)) => {
+                add(&ctx.metrics.write_bytes, self.len as u64);
+                if synced {
+                    add(&ctx.metrics.syncs, 1);
+                }
+                Ok(0)
+            }
+            (OpKind::Flush, Ok(_)) => {
+                add(&ctx.metrics.syncs, 1);
+                Ok(0)
+            }
+            (_, Err(e)) => Err(RequestError::host(e)),
+        };
+        let moved = match op.kind {
+            OpKind::Flush => 0,
+            _ => self.len as u64,
+        };
+        let (result, data_len) = match outcome {
+            Ok(data_len) => (Ok(()), data_len),
+            Err(e) => (Err(e), 0),
+        };
+        conclude(
+            mem,
+            ctx,
+            self.request_type,
+            self.status,
+            result,
+            data_len,
+            moved,
+        )
+    }
+}
+
+/// `buffers` without their first `skip` bytes and last `cut` bytes, empty
+/// pieces dropped: the data part of a chain's readable (header first) or
+/// writable (status last) buffers.
+fn data_segments(
+    buffers: &[(GuestAddress, usize)],
+    mut skip: usize,
+    cut: usize,
+) -> Vec<(GuestAddress, usize)> {
+    let total: usize = buffers.iter().map(|b| b.1).sum();
+    let mut keep = total.saturating_sub(skip).saturating_sub(cut);
+    let mut out = Vec::with_capacity(buffers.len());
+    for &(addr, len) in buffers {
+        let drop_front = skip.min(len);
+        skip -= drop_front;
+        let n = (len - drop_front).min(keep);
+        if n > 0 {
+            out.push((addr.unchecked_add(drop_front as u64), n));
+            keep -= n;
+        }
+    }
+    out
+}
+
+/// The host addresses of guest `segments`, through vm-memory's
+/// translation (a segment crossing two regions becomes two iovecs), for
+/// the kernel to read (`writable` false) or write.
+fn guest_iovecs(
+    mem: &GuestMemoryMmap,
+    segments: &[(GuestAddress, usize)],
+    writable: bool,
+) -> Result<Vec<libc::iovec>, RequestError> {
+    let bad = if writable {
+        RequestError::BadWritableBuffer
+    } else {
+        RequestError::BadReadableBuffer
+    };
+    let mut iovecs = Vec::with_capacity(segments.len());
+    let access = if writable {
+        Permissions::Write
+    } else {
+        Permissions::Read
+    };
+    for &(addr, len) in segments {
+        let slices = mem.get_slices(addr, len, access).map_err(|_| bad.clone())?;
+        for slice in slices {
+            let slice = slice.map_err(|_| bad.clone())?;
+            let iov_base = if writable {
+                slice.ptr_guard_mut().as_ptr()
+            } else {
+                slice.ptr_guard().as_ptr().cast_mut()
+            };
+            iovecs.push(libc::iovec {
+                iov_base: iov_base.cast(),
+                iov_len: slice.len(),
+            });
+        }
+    }
+    Ok(iovecs)
+}
+
+/// Marks the guest pages of `segments` dirty in guest memory's bitmap:
+/// the kernel wrote them, not vm-memory, which would have.
+fn mark_dirty(mem: &GuestMemoryMmap, segments: &[(GuestAddress, usize)]) {
+    for &(addr, len) in segments {
+        let Ok(slices) = mem.get_slices(addr, len, Permissions::Write) else {
+            continue;
+        };
+        for slice in slices.flatten() {
+            slice.bitmap().mark_dirty(0, slice.len());
+        }
+    }
+}
+
+/// Copies `data` into the guest `segments` from byte `skip` of them on.
+fn write_segments(
+    mem: &GuestMemoryMmap,
+    segments: &[(GuestAddress, usize)],
+    mut skip: usize,
+    mut data: &[u8],
+) -> Result<(), RequestError> {
+    for &(addr, len) in segments {
+        if data.is_empty() {
+            break;
+        }
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let n = (len - skip).min(data.len());
+        mem.write_slice(&data[..n], addr.unchecked_add(skip as u64))
+            .map_err(|_| RequestError::BadWritableBuffer)?;
+        data = &data[n..];
+        skip = 0;
+    }
+    Ok(())
+}
+
+/// Parses the request in `chain` and starts it ([`Request::start`]),
+/// counting it by type in `ctx.metrics`; a malformed chain is completed
+/// at once. The first half of the device-side handling of one chain
+/// (the second is [`PendingIo::finish`] or [`Request::execute`], then
+/// [`count_completion`]).
+pub fn begin<'a, M>(
+    chain: DescriptorChain<M>,
+    mem: &'a GuestMemoryMmap,
+    ctx: &RequestContext,
+) -> Started<'a>
+where
+    M: Deref + Clone,
+    M::Target: GuestMemory + Sized,
+{
+    let m = ctx.metrics;
+    match Request::parse(chain, mem) {
+        Ok(request) => {
+            let counter = match request.request_type {
+                RequestType::In => &m.read_requests,
+                RequestType::Out => &m.write_requests,
+                RequestType::Flush => &m.flush_requests,
+                RequestType::Discard | RequestType::WriteZeroes => &m.discard_requests,
+                RequestType::GetId | RequestType::Unsupported(_) => &m.other_requests,
+            };
+            add(counter, 1);
+            request.start(mem, ctx)
+        }
+        Err(malformed) => {
+            add(&m.other_requests, 1);
+            tracing::debug!("virtio-blk: malformed request: {}", malformed.error);
+            let completion = match malformed.status {
+                Some(addr) => write_status(mem, addr, malformed.error.status(), 0),
+                None => Completion {
+                    status: None,
+                    used_len: 0,
+                    hold: None,
+                },
+            };
+            Started::Done(Processed {
+                completion,
+                kind: RequestKind::Other,
+                outcome: Outcome::Invalid,
+                bytes: 0,
+            })
+        }
+    }
+}
+
+/// Counts a completed request's failure, if it failed.
+pub fn count_completion(completion: &Completion, metrics: &Metrics) {
+    if completion.status != Some(VIRTIO_BLK_S_OK) {
+        add(&metrics.errors, 1);
+    }
+}
+
+/// Parses and runs the request in `chain`, whatever it holds, on this
+/// thread, through the same steps as the device ([`begin`], the op run
+/// with the threads engine's blocking calls, [`PendingIo::finish`]), and
+/// counts it in `ctx.metrics` (not its latency: the caller knows when it
+/// took the chain). The entry point of the `block_request` fuzz target
+/// and the reference the engines' tests compare with.
 pub fn process_chain<M>(
     chain: DescriptorChain<M>,
     mem: &GuestMemoryMmap,
@@ -627,40 +1080,14 @@ where
     M: Deref + Clone,
     M::Target: GuestMemory + Sized,
 {
-    let m = ctx.metrics;
-    let processed = match Request::parse(chain, mem) {
-        Ok(request) => {
-            let counter = match request.request_type {
-                RequestType::In => &m.read_requests,
-                RequestType::Out => &m.write_requests,
-                RequestType::Flush => &m.flush_requests,
-                RequestType::Discard | RequestType::WriteZeroes => &m.discard_requests,
-                RequestType::GetId | RequestType::Unsupported(_) => &m.other_requests,
-            };
-            add(counter, 1);
-            request.execute_counted(mem, ctx, scratch)
+    let processed = match begin(chain, mem, ctx) {
+        Started::Done(processed) => processed,
+        Started::Io(pending, mut op) => {
+            let result = run_blocking(&mut op, ctx.disk, 0);
+            pending.finish(op, result, mem, ctx)
         }
-        Err(malformed) => {
-            add(&m.other_requests, 1);
-            tracing::debug!("virtio-blk: malformed request: {}", malformed.error);
-            let completion = match malformed.status {
-                Some(addr) => write_status(mem, addr, malformed.error.status(), 0),
-                None => Completion {
-                    status: None,
-                    used_len: 0,
-                    hold: None,
-                },
-            };
-            Processed {
-                completion,
-                kind: RequestKind::Other,
-                outcome: Outcome::Invalid,
-                bytes: 0,
-            }
-        }
+        Started::Alone(request) => request.execute_counted(mem, ctx, scratch),
     };
-    if processed.completion.status != Some(VIRTIO_BLK_S_OK) {
-        add(&m.errors, 1);
-    }
+    count_completion(&processed.completion, ctx.metrics);
     processed
 }

@@ -22,7 +22,7 @@ use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::device::{CONFIG_LEN, QUEUE_SIZE};
+use super::device::CONFIG_LEN;
 use super::io::open_error;
 use super::metrics::Metrics;
 use super::request::{Completion, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP};
@@ -41,16 +41,16 @@ const REGION1_END: u64 = 0x10_0000;
 const REGION2: u64 = 0x20_0000;
 const REGION2_END: u64 = 0x40_0000;
 // Where requests live (the queue is at 0).
-const HDR: u64 = 0x1_0000;
-const DATA: u64 = 0x2_0000;
+pub(super) const HDR: u64 = 0x1_0000;
+pub(super) const DATA: u64 = 0x2_0000;
 const DATA2: u64 = 0x5_0000;
-const STATUS: u64 = 0x8_0000;
+pub(super) const STATUS: u64 = 0x8_0000;
 const INDIRECT: u64 = 0x9_0000;
 
 const ACKED_ALL: u64 =
     (1 << VIRTIO_BLK_F_FLUSH) | (1 << VIRTIO_BLK_F_DISCARD) | (1 << VIRTIO_BLK_F_WRITE_ZEROES);
 
-fn guest_memory() -> GuestMemoryMmap {
+pub(super) fn guest_memory() -> GuestMemoryMmap {
     GuestMemoryMmap::from_ranges(&[
         (GuestAddress(0), REGION1_END as usize),
         (GuestAddress(REGION2), (REGION2_END - REGION2) as usize),
@@ -59,19 +59,19 @@ fn guest_memory() -> GuestMemoryMmap {
 }
 
 /// Deterministic, non-repeating-per-sector bytes.
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31) ^ ((i >> 9) as u8) ^ seed)
         .collect()
 }
 
 /// An image file in the temporary directory, removed when dropped.
-struct TempImage {
-    path: PathBuf,
+pub(super) struct TempImage {
+    pub(super) path: PathBuf,
 }
 
 impl TempImage {
-    fn new(contents: &[u8]) -> TempImage {
+    pub(super) fn new(contents: &[u8]) -> TempImage {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let path = std::env::temp_dir().join(format!(
             "hakoniwa-blk-test-{}-{}.img",
@@ -82,11 +82,11 @@ impl TempImage {
         TempImage { path }
     }
 
-    fn contents(&self) -> Vec<u8> {
+    pub(super) fn contents(&self) -> Vec<u8> {
         std::fs::read(&self.path).unwrap()
     }
 
-    fn config(&self) -> BlockConfig {
+    pub(super) fn config(&self) -> BlockConfig {
         BlockConfig::new(&self.path)
     }
 }
@@ -98,16 +98,16 @@ impl Drop for TempImage {
 }
 
 /// A device-readable buffer.
-fn r(addr: u64, len: u32) -> D {
+pub(super) fn r(addr: u64, len: u32) -> D {
     D::r(addr, len)
 }
 
 /// A device-writable buffer.
-fn w(addr: u64, len: u32) -> D {
+pub(super) fn w(addr: u64, len: u32) -> D {
     D::w(addr, len)
 }
 
-fn put_header(mem: &GuestMemoryMmap, addr: u64, request_type: u32, sector: u64) {
+pub(super) fn put_header(mem: &GuestMemoryMmap, addr: u64, request_type: u32, sector: u64) {
     let mut h = [0u8; 16];
     h[0..4].copy_from_slice(&request_type.to_le_bytes());
     h[8..16].copy_from_slice(&sector.to_le_bytes());
@@ -122,7 +122,7 @@ fn put_segment(mem: &GuestMemoryMmap, addr: u64, sector: u64, sectors: u32, flag
     mem.write_slice(&s, GuestAddress(addr)).unwrap();
 }
 
-fn read_mem(mem: &GuestMemoryMmap, addr: u64, len: usize) -> Vec<u8> {
+pub(super) fn read_mem(mem: &GuestMemoryMmap, addr: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];
     mem.read_slice(&mut v, GuestAddress(addr)).unwrap();
     v
@@ -137,7 +137,7 @@ fn status(mem: &GuestMemoryMmap) -> u8 {
     status_at(mem, STATUS)
 }
 
-fn status_at(mem: &GuestMemoryMmap, addr: u64) -> u8 {
+pub(super) fn status_at(mem: &GuestMemoryMmap, addr: u64) -> u8 {
     mem.read_obj(GuestAddress(addr)).unwrap()
 }
 
@@ -1259,7 +1259,7 @@ fn the_device_serves_a_full_size_queue_round_and_round() {
     let disk = Arc::new(MemDisk::from_bytes(contents.clone()));
     let mut block = Block::from_backend(BlockConfig::new("/m"), disk, 64 * 512, [0; SERIAL_LEN]);
     let mem = guest_memory();
-    let mut q = DriverQueue::new(&mem, 0, QUEUE_SIZE);
+    let mut q = DriverQueue::new(&mem, 0, DEFAULT_QUEUE_SIZE);
     assert!(q.layout().end() <= HDR);
     let acked = block.device_features();
     block
@@ -1455,6 +1455,7 @@ fn pause_waits_for_requests_in_flight_and_a_restored_disk_goes_on() {
             capacity: 16,
             readonly: false,
             features: acked,
+            num_queues: 1,
         })
     );
     drop(block);
@@ -1598,6 +1599,9 @@ fn disk_options_parse() {
             id: Some("root".into()),
             iothread_affinity: None,
             errors: Default::default(),
+            engine: EngineKind::IoUring,
+            num_queues: None,
+            queue_size: DEFAULT_QUEUE_SIZE,
         }
     );
     let c = BlockConfig::parse("a.img,werror=stop").unwrap();
@@ -1606,6 +1610,16 @@ fn disk_options_parse() {
     let c = BlockConfig::parse("a.img,rerror=stop,werror=report").unwrap();
     assert_eq!(c.errors.rerror, ErrorAction::Stop);
     assert_eq!(c.errors.werror, ErrorAction::Report);
+    let c = BlockConfig::parse("a.img,engine=threads,num_queues=4,queue_size=1024").unwrap();
+    assert_eq!(
+        (c.engine, c.num_queues, c.queue_size),
+        (EngineKind::Threads, Some(4), 1024)
+    );
+    assert_eq!(c.clone().with_default_queues(8).queues(), 4);
+    let c = BlockConfig::parse("a.img").unwrap();
+    assert_eq!(c.queues(), 1);
+    assert_eq!(c.clone().with_default_queues(3).queues(), 3);
+    assert_eq!(c.with_default_queues(500).queues(), MAX_QUEUES);
     let c = BlockConfig::parse("a.img,iothread_affinity=[1,3-4]").unwrap();
     assert_eq!(c.iothread_affinity.unwrap().cpus(), &[1, 3, 4]);
     assert!(BlockConfig::parse("a.img,iothread_affinity=[x]")
@@ -1646,6 +1660,20 @@ fn disk_option_mistakes_are_named() {
     assert!(err("a.img,id=this-id-is-longer-than-20").contains("at most 20 bytes"));
     assert!(err("a.img,id=sp ace").contains("printable ASCII"));
     assert!(BlockConfig::parse("a.img,id=12345678901234567890").is_ok());
+    assert!(err("a.img,engine=aio").contains("expected one of io_uring, threads"));
+    assert!(err("a.img,num_queues=0").contains("between 1 and 64"));
+    assert!(err("a.img,num_queues=65").contains("between 1 and 64"));
+    assert!(err("a.img,num_queues=x").contains("num_queues=x"));
+    assert!(err("a.img,queue_size=100").contains("a power of two from 4 to 32768"));
+    assert!(err("a.img,queue_size=2").contains("a power of two from 4 to 32768"));
+    assert!(err("a.img,queue_size=65536").contains("queue_size=65536"));
+    for text in [
+        "a.img,num_queues=0",
+        "a.img,queue_size=100",
+        "a.img,engine=aio",
+    ] {
+        assert_eq!(err(text).lines().count(), 1, "{text}");
+    }
 }
 
 // ------------------------------------------------------------ statistics

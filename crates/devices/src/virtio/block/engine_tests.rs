@@ -1,0 +1,509 @@
+//! Tests of the I/O engines through the device: chains split at odd
+//! boundaries and misaligned buffers over both engines and every cache
+//! mode against a reference, many requests in flight completing out of
+//! order, a refused ring falling back to threads, several queues. No KVM.
+
+use std::io;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
+use vm_memory::{Bytes, GuestAddress};
+
+use super::engine::uring::UringEngine;
+use super::engine::{wait_for_completions, Done, IoEngine, IoOp, KernelRings, OpKind, RingSetup};
+use super::request::VIRTIO_BLK_S_OK;
+use super::tests::{
+    guest_memory, pattern, put_header, r, read_mem, status_at, w, TempImage, HDR, STATUS,
+};
+use super::*;
+use crate::virtio::testing::{DriverQueue, RecordingInterrupt};
+use crate::virtio::{DeviceState, StateError, VirtioDevice};
+use crate::GuestMemoryMmap;
+
+const IMAGE_LEN: usize = 256 * 1024;
+/// Where each request slot's data pieces lie (region 2 of the test
+/// memory): 64 KiB a slot.
+const SLOT_DATA: u64 = 0x20_0000;
+const SLOT_LEN: u64 = 0x1_0000;
+/// Requests in flight at once.
+const BATCH: usize = 8;
+
+/// A small deterministic generator (xorshift), so a failure repeats.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// `len` bytes cut at odd places into pieces, each placed in slot `slot`
+/// at an address that is as misaligned as it comes (gaps of 1..=97
+/// bytes between pieces), unless `aligned`: then one page-aligned piece.
+fn scatter(rng: &mut Rng, slot: usize, len: usize, aligned: bool) -> Vec<(u64, u32)> {
+    let base = SLOT_DATA + slot as u64 * SLOT_LEN;
+    if aligned {
+        return vec![(base, len as u32)];
+    }
+    let mut pieces = Vec::new();
+    let (mut done, mut addr) = (0usize, base + 1 + rng.below(511));
+    while done < len {
+        let n = (1 + rng.below(3000) as usize).min(len - done);
+        pieces.push((addr, n as u32));
+        done += n;
+        addr += n as u64 + 1 + rng.below(97);
+    }
+    assert!(addr < base + SLOT_LEN, "slot overflow");
+    pieces
+}
+
+/// A disk under a driver of one 256-entry queue.
+struct Rig {
+    block: Block,
+    mem: GuestMemoryMmap,
+    q: DriverQueue,
+}
+
+impl Rig {
+    fn start(mut block: Block) -> Rig {
+        let mem = guest_memory();
+        let q = DriverQueue::new(&mem, 0, 256);
+        let acked = block.device_features();
+        block
+            .activate(
+                mem.clone(),
+                RecordingInterrupt::new(),
+                vec![q.queue_events(0)],
+                acked,
+            )
+            .unwrap();
+        Rig { block, mem, q }
+    }
+
+    /// Offers a request of `kind` at `sector` with data in `pieces`, in
+    /// slot `slot`; with `shared_header` the header shares the first
+    /// descriptor with the first data piece (OUT only).
+    fn offer(&mut self, slot: usize, kind: u32, sector: u64, pieces: &[(u64, u32)]) -> u16 {
+        let hdr = HDR + 0x101 * slot as u64; // misaligned headers too
+        put_header(&self.mem, hdr, kind, sector);
+        let mut descs = vec![r(hdr, 16)];
+        for &(addr, len) in pieces {
+            descs.push(if kind == VIRTIO_BLK_T_OUT {
+                r(addr, len)
+            } else {
+                w(addr, len)
+            });
+        }
+        descs.push(w(STATUS + slot as u64, 1));
+        self.q.offer(&descs)
+    }
+
+    fn kick_and_wait(&mut self, n: usize) -> Vec<(u32, u32)> {
+        self.q.kick.write(1).unwrap();
+        self.q.wait_used_n(n)
+    }
+}
+
+fn gather(mem: &GuestMemoryMmap, pieces: &[(u64, u32)]) -> Vec<u8> {
+    pieces
+        .iter()
+        .flat_map(|&(a, l)| read_mem(mem, a, l as usize))
+        .collect()
+}
+
+/// Writes and reads in batches of [`BATCH`] in flight, data split at odd
+/// boundaries over misaligned buffers (and some aligned ones, which go
+/// zero-copy), each request on its own part of the disk in its batch;
+/// every read must return what a reference image holds, and the file
+/// must hold it at the end.
+fn exercise(block: Block, image: &TempImage, seed: u64) {
+    let mut reference = image.contents();
+    let mut rng = Rng(seed);
+    let mut rig = Rig::start(block);
+    let region = IMAGE_LEN / BATCH;
+    for round in 0..12 {
+        let write = round % 2 == 0;
+        let mut expected = Vec::new();
+        for slot in 0..BATCH {
+            // Each slot stays in its region: no two requests in flight
+            // overlap, so their order does not matter.
+            let len = 512 * (1 + rng.below(16) as usize);
+            let max_start = (region - len) / 512;
+            let offset = slot * region + 512 * rng.below(max_start as u64 + 1) as usize;
+            let aligned = rng.below(3) == 0;
+            let aligned = aligned && offset.is_multiple_of(4096) && len.is_multiple_of(4096);
+            let pieces = scatter(&mut rng, slot, len, aligned);
+            if write {
+                let data = pattern(len, rng.next() as u8);
+                let mut at = 0;
+                for &(addr, l) in &pieces {
+                    let l = l as usize;
+                    rig.mem
+                        .write_slice(&data[at..at + l], GuestAddress(addr))
+                        .unwrap();
+                    at += l;
+                }
+                reference[offset..offset + len].copy_from_slice(&data);
+                rig.offer(slot, VIRTIO_BLK_T_OUT, (offset / 512) as u64, &pieces);
+            } else {
+                for &(addr, l) in &pieces {
+                    rig.mem
+                        .write_slice(&vec![0xa5; l as usize], GuestAddress(addr))
+                        .unwrap();
+                }
+                rig.offer(slot, VIRTIO_BLK_T_IN, (offset / 512) as u64, &pieces);
+            }
+            expected.push((offset, len, pieces));
+        }
+        let used = rig.kick_and_wait(BATCH);
+        assert_eq!(used.len(), BATCH);
+        for (slot, (offset, len, pieces)) in expected.iter().enumerate() {
+            assert_eq!(status_at(&rig.mem, STATUS + slot as u64), VIRTIO_BLK_S_OK);
+            if !write {
+                assert!(
+                    gather(&rig.mem, pieces) == reference[*offset..offset + len],
+                    "round {round} slot {slot}: {len} bytes at {offset} in {} pieces differ",
+                    pieces.len()
+                );
+            }
+        }
+    }
+    put_header(&rig.mem, HDR, VIRTIO_BLK_T_FLUSH, 0);
+    rig.q.offer(&[r(HDR, 16), w(STATUS, 1)]);
+    rig.kick_and_wait(1);
+    assert_eq!(status_at(&rig.mem, STATUS), VIRTIO_BLK_S_OK);
+    let m = rig.block.metrics();
+    assert_eq!(m.errors, 0);
+    assert_eq!(m.read_requests + m.write_requests, 12 * BATCH as u64);
+    drop(rig);
+    assert!(
+        image.contents() == reference,
+        "the image differs from the reference"
+    );
+}
+
+/// Whether this kernel gives io_uring rings (said on stderr, so a run
+/// shows which case its io_uring tests checked).
+fn kernel_has_io_uring() -> bool {
+    match KernelRings.ring(4) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("this kernel refuses io_uring ({e}): checking the fallback to threads");
+            false
+        }
+    }
+}
+
+#[test]
+fn odd_chains_and_misaligned_buffers_match_a_reference_on_both_engines_and_every_cache_mode() {
+    let uring = kernel_has_io_uring();
+    for engine in [EngineKind::IoUring, EngineKind::Threads] {
+        for cache in [CacheMode::Writeback, CacheMode::None, CacheMode::Unsafe] {
+            let image = TempImage::new(&pattern(IMAGE_LEN, 3));
+            let mut config = image.config();
+            (config.cache, config.engine) = (cache, engine);
+            let block = Block::new(config).unwrap();
+            let expect = if engine == EngineKind::IoUring && !uring {
+                EngineKind::Threads
+            } else {
+                engine
+            };
+            assert_eq!(block.engine(), expect, "{engine} {cache}");
+            exercise(block, &image, 0x9e37_79b9 ^ cache as u64);
+        }
+    }
+}
+
+#[test]
+fn the_default_engine_is_io_uring_where_the_kernel_allows_it() {
+    let image = TempImage::new(&vec![0; 8192]);
+    let block = Block::new(image.config()).unwrap();
+    let resources = block.describe();
+    if kernel_has_io_uring() {
+        assert_eq!(block.engine(), EngineKind::IoUring);
+        assert_eq!(block.engine_fallback(), None);
+        assert_eq!(resources[0], "engine io_uring");
+        eprintln!("io_uring available: checked the io_uring engine");
+    } else {
+        assert_eq!(block.engine(), EngineKind::Threads);
+        assert!(block
+            .engine_fallback()
+            .unwrap()
+            .contains("refuses io_uring"));
+        assert!(resources[0].starts_with("engine threads (io_uring asked for:"));
+    }
+    assert_eq!(resources[1..], ["queues 1 x 256", "cache writeback"]);
+}
+
+/// A kernel that refuses io_uring (seccomp, `io_uring_disabled`), after
+/// `allowed` rings.
+struct Refusing {
+    allowed: Mutex<usize>,
+}
+
+impl RingSetup for Refusing {
+    fn ring(&self, entries: u32) -> io::Result<io_uring::IoUring> {
+        let mut allowed = self.allowed.lock().unwrap();
+        if *allowed > 0 {
+            *allowed -= 1;
+            return KernelRings.ring(entries);
+        }
+        Err(io::Error::from_raw_os_error(libc::EPERM))
+    }
+}
+
+#[test]
+fn a_refused_ring_falls_back_to_threads() {
+    let image = TempImage::new(&pattern(IMAGE_LEN, 4));
+    let mut block = Block::new(image.config()).unwrap();
+    block.choose_engine(Arc::new(Refusing {
+        allowed: Mutex::new(0),
+    }));
+    assert_eq!(block.engine(), EngineKind::Threads);
+    let why = block.engine_fallback().unwrap();
+    assert!(why.contains("the kernel refuses io_uring"), "{why}");
+    assert!(why.contains("Operation not permitted"), "{why}");
+    assert!(block.describe()[0].starts_with("engine threads (io_uring asked for: the kernel"));
+    exercise(block, &image, 7);
+
+    // Allowed at open, refused when a queue sets its ring up: that queue
+    // uses threads and the disk still works.
+    if kernel_has_io_uring() {
+        let mut block = Block::new(image.config()).unwrap();
+        block.choose_engine(Arc::new(Refusing {
+            allowed: Mutex::new(1),
+        }));
+        assert_eq!(block.engine(), EngineKind::IoUring);
+        exercise(block, &image, 8);
+    }
+
+    // Asked for threads: no ring is even tried.
+    let mut config = image.config();
+    config.engine = EngineKind::Threads;
+    let block = Block::new(config).unwrap();
+    assert_eq!(
+        (block.engine(), block.engine_fallback()),
+        (EngineKind::Threads, None)
+    );
+}
+
+#[test]
+fn an_io_uring_keeps_many_requests_in_flight() {
+    if !kernel_has_io_uring() {
+        // What the device does then is a_refused_ring_falls_back_to_threads.
+        let image = TempImage::new(&vec![0; 8192]);
+        assert_eq!(
+            Block::new(image.config()).unwrap().engine(),
+            EngineKind::Threads
+        );
+        return;
+    }
+    const OPS: usize = 64;
+    let image = TempImage::new(&pattern(OPS * 4096, 9));
+    let disk: Arc<dyn DiskBackend> = Arc::new(FileDisk::open(&image.config()).unwrap());
+    let mut engine = UringEngine::new(&KernelRings, OPS as u32, disk).unwrap();
+    // In reverse order of offset, all submitted before any is reaped.
+    for i in (0..OPS).rev() {
+        let mut buf = AlignedBuf::new(4096);
+        let op = IoOp {
+            kind: OpKind::Read,
+            offset: (i * 4096) as u64,
+            iovecs: vec![libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: 4096,
+            }],
+            bounce: Some(buf),
+            dsync: false,
+        };
+        engine.submit(i as u16, op);
+    }
+    engine.kick();
+    assert_eq!(engine.in_flight(), OPS);
+    let mut done: Vec<Done> = Vec::new();
+    while done.len() < OPS {
+        assert!(
+            wait_for_completions(&engine, Duration::from_secs(10)),
+            "stuck"
+        );
+        engine.reap(&mut done);
+    }
+    assert_eq!(engine.in_flight(), 0);
+    let contents = image.contents();
+    let mut seen = [false; OPS];
+    for d in done {
+        let i = usize::from(d.token);
+        assert_eq!(d.result.unwrap(), 4096);
+        assert!(d.op.bounce.as_ref().unwrap()[..4096] == contents[i * 4096..(i + 1) * 4096]);
+        seen[i] = true;
+    }
+    assert!(seen.iter().all(|s| *s));
+}
+
+/// A disk whose reads of sector 0 wait until it is opened: a request the
+/// host is slow with.
+struct GatedDisk {
+    inner: MemDisk,
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl DiskBackend for GatedDisk {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if offset == 0 {
+            let mut open = self.open.lock().unwrap();
+            while !*open {
+                open = self.opened.wait(open).unwrap();
+            }
+        }
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> io::Result<bool> {
+        Ok(true)
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> io::Result<()> {
+        self.inner.write_zeroes(offset, len, unmap)
+    }
+}
+
+#[test]
+fn many_requests_in_flight_complete_out_of_order() {
+    let contents = pattern(64 * 1024, 11);
+    let disk = Arc::new(GatedDisk {
+        inner: MemDisk::from_bytes(contents.clone()),
+        open: Mutex::new(false),
+        opened: Condvar::new(),
+    });
+    let block = Block::from_backend(BlockConfig::new("/g"), disk.clone(), 64 * 1024, [0; 20]);
+    assert_eq!(block.engine(), EngineKind::Threads);
+    assert!(block
+        .engine_fallback()
+        .unwrap()
+        .contains("no file descriptor"));
+    let mut rig = Rig::start(block);
+    // The first request waits at the host; the seven after it overtake.
+    let mut heads = Vec::new();
+    for slot in 0..BATCH {
+        let pieces = [(SLOT_DATA + slot as u64 * SLOT_LEN + 3, 4096)];
+        heads.push(rig.offer(slot, VIRTIO_BLK_T_IN, 8 * slot as u64, &pieces));
+    }
+    let used = rig.kick_and_wait(BATCH - 1);
+    assert!(used.iter().all(|(h, _)| *h as u16 != heads[0]), "{used:?}");
+    *disk.open.lock().unwrap() = true;
+    disk.opened.notify_all();
+    let last = rig.q.wait_used_n(1);
+    assert_eq!(last, [(u32::from(heads[0]), 4097)]);
+    for slot in 0..BATCH {
+        let got = read_mem(&rig.mem, SLOT_DATA + slot as u64 * SLOT_LEN + 3, 4096);
+        assert!(
+            got == contents[slot * 4096..(slot + 1) * 4096],
+            "slot {slot}"
+        );
+    }
+}
+
+/// A pause while a request waits at the host completes it first, and the
+/// state says how many queues the disk has.
+#[test]
+fn several_queues_each_serve_their_requests_and_pause_drains_them_all() {
+    let image = TempImage::new(&pattern(IMAGE_LEN, 12));
+    let mut config = image.config();
+    config.num_queues = Some(3);
+    config.queue_size = 64;
+    let mut block = Block::new(config.clone()).unwrap();
+    assert_eq!(block.queue_max_sizes(), [64, 64, 64]);
+    let features = block.device_features();
+    assert_ne!(
+        features & (1 << virtio_bindings::virtio_blk::VIRTIO_BLK_F_MQ),
+        0
+    );
+    let mut cfg = [0u8; 2];
+    block.read_config(34, &mut cfg);
+    assert_eq!(u16::from_le_bytes(cfg), 3);
+    block.read_config(12, &mut cfg);
+    assert_eq!(u16::from_le_bytes(cfg), 62, "seg_max follows queue_size");
+
+    // The driver uses two of the three (a guest with two CPUs).
+    let mem = guest_memory();
+    let mut queues = [
+        DriverQueue::new(&mem, 0, 64),
+        DriverQueue::new(&mem, 0x4000, 64),
+    ];
+    let irq = RecordingInterrupt::new();
+    block
+        .activate(
+            mem.clone(),
+            irq.clone(),
+            queues
+                .iter()
+                .enumerate()
+                .map(|(i, q)| q.queue_events(i as u16))
+                .collect(),
+            features,
+        )
+        .unwrap();
+    for (i, q) in queues.iter_mut().enumerate() {
+        let data = SLOT_DATA + i as u64 * SLOT_LEN;
+        let hdr = HDR + 64 * i as u64;
+        put_header(&mem, hdr, VIRTIO_BLK_T_IN, 8 * i as u64);
+        q.offer(&[r(hdr, 16), w(data, 4096), w(STATUS + i as u64, 1)]);
+        q.kick.write(1).unwrap();
+    }
+    for (i, q) in queues.iter_mut().enumerate() {
+        assert_eq!(q.wait_used_n(1)[0].1, 4097);
+        let got = read_mem(&mem, SLOT_DATA + i as u64 * SLOT_LEN, 4096);
+        assert!(got == pattern(IMAGE_LEN, 12)[i * 4096..(i + 1) * 4096]);
+    }
+    crate::virtio::testing::wait_until("an interrupt per queue", || {
+        irq.queue_count(0) == 1 && irq.queue_count(1) == 1
+    });
+
+    // Requests offered on both queues, then a pause: both complete
+    // before the positions are taken.
+    for (i, q) in queues.iter_mut().enumerate() {
+        let hdr = HDR + 64 * i as u64;
+        q.offer(&[
+            r(hdr, 16),
+            w(SLOT_DATA + i as u64 * SLOT_LEN, 4096),
+            w(STATUS + i as u64, 1),
+        ]);
+        q.kick.write(1).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let positions = block.pause().unwrap();
+    assert_eq!(positions.len(), 2);
+    for (i, p) in positions.iter().enumerate() {
+        assert_eq!((p.index, p.next_used), (i as u16, p.next_avail));
+    }
+    let state = block.save_state();
+    let DeviceState::Block(saved) = &state else {
+        panic!("{state:?}")
+    };
+    assert_eq!(saved.num_queues, 3);
+    block.resume().unwrap();
+
+    // A disk with another queue count does not take the state (a back
+    // end of the same size: `block` holds the image's lock).
+    config.num_queues = Some(2);
+    let size = IMAGE_LEN as u64;
+    let mut other = Block::from_backend(config, Arc::new(MemDisk::new(IMAGE_LEN)), size, [0; 20]);
+    let err = other.restore_state(&state, None).unwrap_err();
+    assert!(matches!(err, StateError::Mismatch(_)));
+    assert!(
+        err.to_string().contains("had 3 queues, this one has 2"),
+        "{err}"
+    );
+}
