@@ -41,7 +41,9 @@ pub struct DeviceInfo {
     /// Device kind (e.g. `"serial"`, `"virtio-blk"`); `"type"` on the wire.
     #[serde(rename = "type")]
     pub kind: String,
-    /// Guest-visible resources claimed by the device.
+    /// Guest-visible resources claimed by the device, then how the host
+    /// serves it where the device says (a disk's `engine io_uring`,
+    /// `queues 2 x 256`, `cache none`).
     #[serde(default)]
     pub resources: Vec<String>,
 }
@@ -62,7 +64,8 @@ pub struct VmInfo {
     #[serde(default)]
     pub vcpu_threads: Vec<VcpuThread>,
     /// Every thread of the VMM with the CPUs it may run on (device threads
-    /// are named after their device: `disk0-queue`, `disk0-io0`, ...).
+    /// are named after their device: `disk0-queue` or `disk0-queue0`, ...,
+    /// `disk0-io0`, ...).
     #[serde(default)]
     pub threads: Vec<HostThread>,
     /// Path of the kernel image the VM was booted from.

@@ -531,15 +531,7 @@ impl<'a> Request<'a> {
             RequestType::Discard | RequestType::WriteZeroes => split_moved(self.discard(ctx)),
             RequestType::Unsupported(t) => (Err(RequestError::Unsupported(t)), 0, 0),
         };
-        conclude(
-            mem,
-            ctx,
-            self.request_type,
-            self.status,
-            result,
-            data_len,
-            moved,
-        )
+        self.complete(mem, ctx, result, data_len, moved)
     }
 
     fn check_range(&self, ctx: &RequestContext, len: u64) -> Result<u64, RequestError> {
