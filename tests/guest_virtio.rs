@@ -266,6 +266,117 @@ fn cache_modes_use_o_direct_only_for_none_and_kill_9_loses_nothing_synced() {
     }
 }
 
+/// The resources `vm.info` lists for the device `id`.
+fn device_resources(info: &serde_json::Value, id: &str) -> Vec<String> {
+    let devices = info["devices"].as_array().unwrap();
+    let device = devices.iter().find(|d| d["id"] == id).unwrap();
+    device["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+#[ignore = "boots a real guest: run through the rig (scripts/test)"]
+fn disks_get_a_queue_per_vcpu_and_say_which_engine_serves_them() {
+    require_hardware_kvm();
+    let socket = temp_socket("mq-test");
+    let (mq, single) = (temp_image("mq", 16), temp_image("single", 16));
+    // disk0: the defaults (io_uring, one queue per vCPU), O_DIRECT;
+    // disk1: the threads engine with one queue.
+    let mut vmm = Vmm::spawn(&[
+        "run",
+        "--cpus",
+        "2",
+        "--api-socket",
+        &socket,
+        "--disk",
+        &format!("path={mq},cache=none"),
+        "--disk",
+        &format!("path={single},engine=threads,num_queues=1,queue_size=128"),
+    ]);
+    vmm.wait_for(PROMPT);
+    let queues = vmm.shell("ls /sys/block/vda/mq | wc -l; ls /sys/block/vdb/mq | wc -l");
+    assert_eq!(
+        queues.split_whitespace().collect::<Vec<_>>(),
+        ["2", "1"],
+        "{queues}"
+    );
+
+    let (ok, info) = ctl(&socket, &["info"]);
+    assert!(ok, "{info}");
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    // The rig's L1 kernel (Debian's) allows io_uring.
+    let disk0 = device_resources(&info, "disk0");
+    assert!(
+        disk0.ends_with(&[
+            "engine io_uring".into(),
+            "queues 2 x 256".into(),
+            "cache none".into()
+        ]),
+        "{disk0:?}"
+    );
+    let disk1 = device_resources(&info, "disk1");
+    assert!(
+        disk1.ends_with(&[
+            "engine threads".into(),
+            "queues 1 x 128".into(),
+            "cache writeback".into()
+        ]),
+        "{disk1:?}"
+    );
+    let threads: Vec<String> = info["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    for name in ["disk0-queue0", "disk0-queue1", "disk1-queue", "disk1-io0"] {
+        assert!(
+            threads.iter().any(|t| t == name),
+            "{name} missing: {threads:?}"
+        );
+    }
+    // io_uring needs no I/O threads.
+    assert!(
+        !threads
+            .iter()
+            .any(|t| t.starts_with("disk0-io") || t.starts_with("disk0-q0-io")),
+        "{threads:?}"
+    );
+
+    // Both vCPUs write at once (each through its own queue), O_DIRECT and
+    // buffered, then everything is read back and compared.
+    let sums = vmm.shell(
+        "dd if=/dev/urandom of=/tmp/data bs=65536 count=96 2>/dev/null; \
+         for d in vda vdb; do \
+           taskset -c 0 dd if=/tmp/data of=/dev/$d bs=4096 count=768 oflag=direct 2>/dev/null & \
+           taskset -c 1 dd if=/tmp/data of=/dev/$d bs=4096 skip=768 seek=768 count=768 oflag=direct 2>/dev/null & \
+         done; wait; sync; echo 3 > /proc/sys/vm/drop_caches; \
+         md5sum /tmp/data | cut -d' ' -f1; \
+         for d in vda vdb; do head -c 6291456 /dev/$d | md5sum | cut -d' ' -f1; done",
+    );
+    let sums: Vec<&str> = sums.split_whitespace().collect();
+    assert_eq!(sums.len(), 3, "{sums:?}");
+    assert_eq!(
+        sums[1], sums[0],
+        "vda (io_uring, 2 queues) read back other data"
+    );
+    assert_eq!(sums[2], sums[0], "vdb (threads) read back other data");
+    vmm.signal(libc::SIGKILL);
+    vmm.wait_exit(Duration::from_secs(20));
+    let data = std::fs::read(&mq).unwrap();
+    assert_eq!(
+        md5_hex(&data[..6 << 20]),
+        sums[0],
+        "the image holds other data"
+    );
+    let _ = std::fs::remove_file(&mq);
+    let _ = std::fs::remove_file(&single);
+}
+
 #[test]
 #[ignore = "boots a real guest: run through the rig (scripts/test)"]
 fn network_reaches_the_host_over_a_tap() {
