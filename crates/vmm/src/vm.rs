@@ -572,9 +572,19 @@ pub fn kick(thread: libc::pthread_t) {
 }
 
 fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
-    let vm = kvm
-        .create_vm()
-        .map_err(|e| Error::Kvm("KVM_CREATE_VM", e))?;
+    let vm = loop {
+        match kvm.create_vm() {
+            Ok(vm) => break vm,
+            // KVM_CREATE_VM registers an MMU notifier, which gives up with
+            // EINTR when the thread has anything signal-like pending. The
+            // io_uring probe of a disk (engine::select) leaves just that:
+            // closing a ring queues its teardown, which later adds task
+            // work to the thread that created it with TWA_SIGNAL. Nothing
+            // was created; asking again is what Cloud Hypervisor does.
+            Err(e) if e.errno() == libc::EINTR => continue,
+            Err(e) => return Err(Error::Kvm("KVM_CREATE_VM", e)),
+        }
+    };
     vm.set_tss_address(KVM_TSS_ADDRESS as usize)
         .map_err(|e| Error::Kvm("KVM_SET_TSS_ADDR", e))?;
     vm.set_identity_map_address(KVM_IDENTITY_MAP_ADDRESS)
