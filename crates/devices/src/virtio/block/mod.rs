@@ -54,6 +54,8 @@ pub mod sticky;
 #[cfg(test)]
 mod engine_tests;
 #[cfg(test)]
+mod policy_tests;
+#[cfg(test)]
 mod tests;
 
 use std::fmt;
