@@ -37,6 +37,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::engine::threads::{ThreadsEngine, THREADS_PER_QUEUE};
 use super::engine::uring::UringEngine;
+use super::engine::OpKind;
 use super::engine::{
     self as engines, wait_for_completions, Done, EngineKind, IoEngine, IoOp, KernelRings, RingSetup,
 };
@@ -684,6 +685,8 @@ struct InFlight {
     /// Its chain, kept to run it again if its error policy holds it.
     chain: DescriptorChain<Arc<GuestMemoryMmap>>,
     times: StageTimes,
+    /// It holds the disk's direct gate until its completion is reaped.
+    gated: bool,
 }
 
 /// One queue thread's state.
@@ -777,6 +780,7 @@ impl QueueHandler {
                     io,
                     chain: again,
                     times,
+                    gated: false,
                 };
                 self.submit_to_host(head, request, op);
                 false
@@ -787,6 +791,15 @@ impl QueueHandler {
 
     /// Hands a request's op to the host (through the engine).
     fn submit_to_host(&mut self, head: u16, mut request: InFlight, op: IoOp) {
+        // With cache=none, a read or write of the O_DIRECT descriptor must
+        // not run beside another queue's access through the buffered one
+        // (see super::gate); this may wait for that access to end.
+        if let (OpKind::Read | OpKind::Write, Some(gate)) =
+            (op.kind, self.shared.disk.direct_gate())
+        {
+            gate.enter_direct();
+            request.gated = true;
+        }
         request.times.submit = now_ns();
         match self.pending.get_mut(usize::from(head)) {
             Some(slot) => *slot = Some(request),
@@ -811,6 +824,11 @@ impl QueueHandler {
             return false;
         };
         let shared = self.shared.clone();
+        if request.gated {
+            if let Some(gate) = shared.disk.direct_gate() {
+                gate.leave_direct();
+            }
+        }
         let processed = request
             .io
             .finish(done.op, done.result, &self.mem, &shared.ctx());
@@ -933,6 +951,10 @@ impl QueueHandler {
             wait_for_completions(&*self.engine, DRAIN_TIMEOUT);
             added |= self.reap();
         }
+        // This queue's ops are done; the other queues' O_DIRECT ones are
+        // waited for and kept out while this one runs (see super::gate).
+        let shared = self.shared.clone();
+        let _buffered = shared.disk.direct_gate().map(|gate| gate.buffered());
         let scratch = self
             .scratch
             .get_or_insert_with(|| AlignedBuf::new(SCRATCH_LEN));
@@ -970,6 +992,13 @@ impl Drop for QueueHandler {
     /// unanswered: they are no longer in flight.
     fn drop(&mut self) {
         self.stats.abandoned(self.in_flight as u64);
+        // Ops the reset leaves unreaped no longer hold the gate: every
+        // queue of the disk is being reset with this one.
+        if let Some(gate) = self.shared.disk.direct_gate() {
+            for _ in self.pending.iter().flatten().filter(|p| p.gated) {
+                gate.leave_direct();
+            }
+        }
     }
 }
 

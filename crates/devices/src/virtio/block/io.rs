@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::gate::DirectGate;
 use super::lock::{ImageLock, LockError};
 use super::sticky::{FlushFailures, StickyFlush};
 use super::{BlockConfig, BlockError, CacheMode, SECTOR_SIZE, SERIAL_LEN};
@@ -117,6 +118,12 @@ pub trait DiskBackend: Send + Sync {
     fn sticky(&self) -> Option<&StickyFlush> {
         None
     }
+    /// What an engine's O_DIRECT op holds while in flight, against the
+    /// accesses of the buffered descriptor (see [`super::gate`]); None
+    /// without one.
+    fn direct_gate(&self) -> Option<&DirectGate> {
+        None
+    }
 }
 
 /// A disk image file or host block device.
@@ -143,6 +150,9 @@ pub struct FileDisk {
     image_lock: Mutex<ImageLock>,
     /// Whether an earlier sync failed (see [`super::sticky`]).
     sticky: StickyFlush,
+    /// The engines' O_DIRECT ops against the buffered accesses of the
+    /// queues (see [`super::gate`]).
+    gate: DirectGate,
 }
 
 /// When [`FileDisk::open_with`] locks the image.
@@ -270,6 +280,7 @@ impl FileDisk {
             serial,
             image_lock: Mutex::new(image_lock),
             sticky: StickyFlush::default(),
+            gate: DirectGate::default(),
         })
     }
 
@@ -465,6 +476,10 @@ impl DiskBackend for FileDisk {
 
     fn sticky(&self) -> Option<&StickyFlush> {
         Some(&self.sticky)
+    }
+
+    fn direct_gate(&self) -> Option<&DirectGate> {
+        self.buffered.as_ref().map(|_| &self.gate)
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {

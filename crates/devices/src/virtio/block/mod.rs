@@ -18,6 +18,8 @@
 //!   queue threads from each request's [`StageTimes`]; [`counters`] the
 //!   values read and how queues add up, [`histogram`] the latency
 //!   histograms with settable boundaries.
+//! - [`gate`]: `cache=none`'s O_DIRECT ops on every queue against an
+//!   access through the page cache;
 //! - [`lock`]: image locking in QEMU's byte-lock scheme;
 //! - [`sticky`]: a failed flush fails every later one;
 //! - [`error_policy`]: `werror=`/`rerror=`, what a host I/O error does.
@@ -43,6 +45,7 @@ pub mod counters;
 pub mod device;
 pub mod engine;
 pub mod error_policy;
+pub mod gate;
 pub mod histogram;
 pub mod io;
 pub mod lock;
