@@ -1,0 +1,10 @@
+//! The KVM-free core of the I/O-cache tracer (seed 002, docs/iotrace.md).
+//!
+//! A guest's read can be served by its own page cache, by the host's page
+//! cache under the image file, or by the device. This crate holds what
+//! decides which, without a VM:
+//!
+//! - [`host_cache`]: whether the host page cache holds a range of an image
+//!   file (`preadv2(RWF_NOWAIT)` and `mincore`).
+
+pub mod host_cache;
