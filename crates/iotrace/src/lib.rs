@@ -5,6 +5,9 @@
 //! decides which, without a VM:
 //!
 //! - [`host_cache`]: whether the host page cache holds a range of an image
-//!   file (`preadv2(RWF_NOWAIT)` and `mincore`).
+//!   file (`preadv2(RWF_NOWAIT)` and `mincore`);
+//! - [`reuse`]: reuse distances of a block trace, the hit ratio of every LRU
+//!   cache size, and the working set.
 
 pub mod host_cache;
+pub mod reuse;
