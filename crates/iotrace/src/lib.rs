@@ -7,7 +7,11 @@
 //! - [`host_cache`]: whether the host page cache holds a range of an image
 //!   file (`preadv2(RWF_NOWAIT)` and `mincore`);
 //! - [`reuse`]: reuse distances of a block trace, the hit ratio of every LRU
-//!   cache size, and the working set.
+//!   cache size, and the working set;
+//! - [`layers`]: the report of a traced window, layer by layer (application,
+//!   virtual disk, physical device), the cache hit ratios that follow, and
+//!   the bytes cached twice.
 
 pub mod host_cache;
+pub mod layers;
 pub mod reuse;
