@@ -10,8 +10,11 @@
 //!   cache size, and the working set;
 //! - [`layers`]: the report of a traced window, layer by layer (application,
 //!   virtual disk, physical device), the cache hit ratios that follow, and
-//!   the bytes cached twice.
+//!   the bytes cached twice;
+//! - [`advisor`]: guest memory, buffered or direct I/O, guest swap and the
+//!   disk's cache mode, from a report and a reuse profile.
 
+pub mod advisor;
 pub mod host_cache;
 pub mod layers;
 pub mod reuse;
