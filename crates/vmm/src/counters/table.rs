@@ -1,5 +1,5 @@
-//! `hakoniwa ctl counters`' text: a table per disk (kinds, then stages,
-//! then the non-empty histogram bins) and a line per network device.
+//! `hakoniwa ctl counters`' text: a table per disk (kinds, the queue
+//! depth and syncs, then stages, then the non-empty histogram bins) and a line per network device.
 
 use std::fmt::Write;
 
@@ -98,6 +98,11 @@ fn disk_table(out: &mut String, id: &str, d: &DiskCounters) {
         out,
         "  in flight {}, deepest queue {}",
         d.in_flight, d.max_queue_depth
+    );
+    let _ = writeln!(
+        out,
+        "  syncs {} ({} failed, {} refused)",
+        d.syncs.ops, d.syncs.failed, d.syncs.refused
     );
     let _ = writeln!(
         out,
@@ -212,6 +217,7 @@ mod tests {
         );
         assert!(text.contains("  other "), "other has requests here: {text}");
         assert!(text.contains("in flight 1, deepest queue 7"));
+        assert!(text.contains("  syncs 5 (1 failed, 2 refused)"), "{text}");
         assert!(
             text.contains("  submit_to_complete: [0,1us) 1, [10us,inf) 1"),
             "{text}"

@@ -7,14 +7,16 @@
 //! for a network device `rx_bytes`, `rx_frames`, `tx_bytes`, `tx_frames`.
 //! Those are here under the same names; beside them, flat integers for
 //! every kind (`flush_ops`, `discard_total_time_ns`, `read_failed`, ...;
-//! QEMU's `query-blockstats` figures), and two objects: a disk's
+//! QEMU's `query-blockstats` figures), the image's syncs (`sync_ops`,
+//! `sync_failed`, `sync_refused`: QEMU has no such figures), and two
+//! objects: a disk's
 //! `latency_histograms` (by kind: `boundaries` in ns and `bins`, QEMU's
 //! shape) and `stages` (per stage: count, sums, histogram).
 
 use std::collections::BTreeMap;
 
 use devices::virtio::block::{
-    DiskCounters, HistogramSnapshot, KindCounters, RequestKind, Stage, StageCounters,
+    DiskCounters, HistogramSnapshot, KindCounters, RequestKind, Stage, StageCounters, SyncCounters,
 };
 use devices::virtio::net::NetMetricsSnapshot;
 use serde_json::{json, Map, Value};
@@ -94,6 +96,9 @@ fn disk_to_json(d: &DiskCounters) -> Value {
     }
     put("in_flight".into(), d.in_flight);
     put("max_queue_depth".into(), d.max_queue_depth);
+    put("sync_ops".into(), d.syncs.ops);
+    put("sync_failed".into(), d.syncs.failed);
+    put("sync_refused".into(), d.syncs.refused);
     let histograms: Map<String, Value> = RequestKind::ALL
         .iter()
         .filter_map(|kind| {
@@ -170,6 +175,11 @@ fn disk_from_json(o: &Value) -> Result<DiskCounters, String> {
     let mut d = DiskCounters {
         in_flight: number(o, "in_flight")?,
         max_queue_depth: number(o, "max_queue_depth")?,
+        syncs: SyncCounters {
+            ops: number(o, "sync_ops")?,
+            failed: number(o, "sync_failed")?,
+            refused: number(o, "sync_refused")?,
+        },
         ..DiskCounters::default()
     };
     for kind in RequestKind::ALL {
@@ -232,6 +242,11 @@ pub(crate) mod tests {
         let mut d = DiskCounters {
             in_flight: 1,
             max_queue_depth: 7,
+            syncs: SyncCounters {
+                ops: 5,
+                failed: 1,
+                refused: 2,
+            },
             ..DiskCounters::default()
         };
         for kind in RequestKind::ALL {
@@ -312,6 +327,14 @@ pub(crate) mod tests {
         assert_eq!(disk["flush_ops"], 3);
         assert_eq!(disk["write_zeroes_bytes"], 4 * 4096);
         assert_eq!(disk["max_queue_depth"], 7);
+        assert_eq!(
+            (
+                &disk["sync_ops"],
+                &disk["sync_failed"],
+                &disk["sync_refused"]
+            ),
+            (&json!(5), &json!(1), &json!(2))
+        );
         assert_eq!(disk["latency_histograms"]["read"]["bins"][4], 1);
         assert!(disk["latency_histograms"].get("other").is_none());
         assert_eq!(

@@ -1,6 +1,6 @@
 //! What a disk's statistics say, as read (pure values): per request kind,
-//! per stage, the queue depth; and how each queue's share adds up to the
-//! disk's. Recorded by [`super::stats`]; shown by `vm.counters`
+//! per stage, the queue depth, the image's syncs; and how each queue's
+//! share adds up to the disk's. Recorded by [`super::stats`]; shown by `vm.counters`
 //! (docs/devices.md, "Counters").
 
 use serde::{Deserialize, Serialize};
@@ -166,6 +166,24 @@ impl StageCounters {
     }
 }
 
+/// The syncs of a disk's image: the host calls that make its data durable
+/// (an `fdatasync`, an io_uring fsync, a write with RWF_DSYNC) for the
+/// guest's flushes, its write-through writes when it did not negotiate
+/// FLUSH, and the VMM's own flushes (migration, snapshot). Counted by the
+/// image's sticky flush state, which every sync passes (see
+/// [`super::sticky`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncCounters {
+    /// Syncs run, whatever their outcome.
+    pub ops: u64,
+    /// Syncs that failed: from the first one on, the image's flushes fail.
+    pub failed: u64,
+    /// Syncs not run because an earlier one had failed: the flush or
+    /// write-through write that needed one failed without reaching the
+    /// host.
+    pub refused: u64,
+}
+
 /// A disk's statistics.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiskCounters {
@@ -177,6 +195,8 @@ pub struct DiskCounters {
     pub in_flight: u64,
     /// The most there have been at once.
     pub max_queue_depth: u64,
+    /// The image's syncs (the disk's own, like the queue depth).
+    pub syncs: SyncCounters,
 }
 
 impl DiskCounters {
@@ -190,8 +210,8 @@ impl DiskCounters {
         &self.stages[stage as usize]
     }
 
-    /// Adds another queue's share; the queue depth is the disk's own
-    /// (kept once, not per queue), so it is not added.
+    /// Adds another queue's share; the queue depth and the syncs are the
+    /// disk's own (kept once, not per queue), so they are not added.
     pub fn merge_queue(&mut self, other: &DiskCounters) {
         for (mine, theirs) in self.kinds.iter_mut().zip(&other.kinds) {
             mine.merge(theirs);
@@ -204,6 +224,12 @@ impl DiskCounters {
     /// Requests completed, every kind.
     pub fn ops(&self) -> u64 {
         self.kinds.iter().map(|k| k.ops).sum()
+    }
+
+    /// Requests completed with an error status (failed or invalid), every
+    /// kind.
+    pub fn errors(&self) -> u64 {
+        self.kinds.iter().map(|k| k.failed + k.invalid).sum()
     }
 }
 
@@ -272,6 +298,11 @@ mod tests {
         let mut a = DiskCounters {
             in_flight: 2,
             max_queue_depth: 9,
+            syncs: SyncCounters {
+                ops: 4,
+                failed: 1,
+                refused: 2,
+            },
             ..Default::default()
         };
         a.kinds[0] = kind(1, 10, 10, 10, &[1, 0, 0]);
@@ -286,14 +317,17 @@ mod tests {
         };
         let mut b = a.clone();
         b.in_flight = 100;
+        b.syncs.ops = 50;
         b.stages[2].max_ns = 3;
         a.merge_queue(&b);
         assert_eq!(a.kind(RequestKind::Read).ops, 2);
         assert_eq!(a.ops(), 2);
+        assert_eq!(a.errors(), 2 * (1 + 2));
         let s = a.stage(Stage::SubmitToComplete);
         assert_eq!((s.count, s.total_ns, s.max_ns), (2, 14, 7));
         assert_eq!(s.histogram.bins, [0, 2]);
         assert_eq!((a.in_flight, a.max_queue_depth), (2, 9));
+        assert_eq!((a.syncs.ops, a.syncs.failed, a.syncs.refused), (4, 1, 2));
     }
 
     #[test]

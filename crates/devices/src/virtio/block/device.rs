@@ -49,6 +49,7 @@ use super::request::{
     DISCARD_SECTOR_ALIGNMENT, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, MAX_WRITE_ZEROES_SECTORS,
 };
 use super::stats::{now_ns, DiskStats, RequestRecord, StageTimes};
+use super::sticky::StickyFlush;
 use super::{BlockConfig, BlockError, SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
 use crate::affinity::CpuSet;
 use crate::virtio::lifecycle::{self, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop};
@@ -252,6 +253,8 @@ impl Block {
         if num_queues > 1 {
             features |= 1 << VIRTIO_BLK_F_MQ;
         }
+        // The image's sticky flush state counts its syncs.
+        let syncs = backend.sticky().map(StickyFlush::stats).unwrap_or_default();
         let mut block = Block {
             name: config.id.clone().unwrap_or_else(|| "disk".to_string()),
             config_space: config_space(capacity, &config),
@@ -266,7 +269,7 @@ impl Block {
             engine_fallback: None,
             rings: Arc::new(KernelRings),
             metrics: Arc::new(Metrics::default()),
-            stats: Arc::new(DiskStats::new(usize::from(num_queues))),
+            stats: Arc::new(DiskStats::with_syncs(usize::from(num_queues), syncs)),
             errors: Arc::new(DiskErrors::default()),
             lifecycle: DeviceLifecycle::default(),
         };
@@ -338,11 +341,9 @@ impl Block {
     /// The request counters so far.
     pub fn metrics(&self) -> BlockMetrics {
         let mut m = self.metrics.snapshot();
-        if let Some(file) = &self.file {
-            let f = file.flush_failures();
-            m.failed_syncs = f.failed_syncs;
-            m.refused_flushes = f.refused_flushes;
-        }
+        let syncs = self.stats.snapshot().syncs;
+        m.failed_syncs = syncs.failed;
+        m.refused_flushes = syncs.refused;
         m
     }
 

@@ -21,7 +21,7 @@ use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::gate::DirectGate;
 use super::lock::{ImageLock, LockError};
-use super::sticky::{FlushFailures, StickyFlush};
+use super::sticky::StickyFlush;
 use super::{BlockConfig, BlockError, CacheMode, SECTOR_SIZE, SERIAL_LEN};
 
 /// Alignment of [`AlignedBuf`]: enough for O_DIRECT on any common device
@@ -314,11 +314,6 @@ impl FileDisk {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .is_held()
-    }
-
-    /// Failed syncs and the flushes refused after them.
-    pub fn flush_failures(&self) -> FlushFailures {
-        self.sticky.failures()
     }
 
     /// The image's path.

@@ -69,7 +69,9 @@ use crate::affinity::CpuSet;
 use crate::options::{invalid, Options, OptionsError};
 use error_policy::{ErrorAction, ErrorPolicy};
 
-pub use counters::{DiskCounters, KindCounters, Outcome, RequestKind, Stage, StageCounters};
+pub use counters::{
+    DiskCounters, KindCounters, Outcome, RequestKind, Stage, StageCounters, SyncCounters,
+};
 pub use device::{Block, BlockState};
 pub use engine::EngineKind;
 pub use histogram::HistogramSnapshot;
@@ -79,7 +81,7 @@ pub use request::{
     process_chain, process_chain_counted, Processed, Request, RequestContext, RequestError,
     RequestType,
 };
-pub use stats::{now_ns, DiskStats, RequestRecord, StageTimes};
+pub use stats::{now_ns, DiskStats, RequestRecord, StageTimes, SyncStats};
 
 /// Bytes in a virtio-blk sector: offsets and the capacity are counted in
 /// these whatever the block size.

@@ -1,18 +1,21 @@
 //! A disk's live statistics: each request, once in the used ring, is
 //! counted by kind and stage into its queue's share with atomics (no lock
 //! on the I/O path); reading them adds the queues' shares up
-//! ([`DiskCounters::merge_queue`]).
+//! ([`DiskCounters::merge_queue`]). The image's syncs are counted apart,
+//! in a [`SyncStats`] the image's sticky flush state feeds.
 //!
 //! A request carries a [`StageTimes`] from the kick that woke its queue
 //! thread to the interrupt that told the guest: five stamps of the
 //! monotonic clock, 40 bytes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use choices::{Boundaries, LatencyHistogram};
 
-use super::counters::{DiskCounters, KindCounters, Outcome, RequestKind, Stage, StageCounters};
+use super::counters::{
+    DiskCounters, KindCounters, Outcome, RequestKind, Stage, StageCounters, SyncCounters,
+};
 use super::histogram::HistogramSet;
 
 /// Now on CLOCK_MONOTONIC, ns: one clock for every thread of the VMM, so
@@ -200,6 +203,7 @@ impl QueueShare {
             stages: Stage::ALL.map(stage),
             in_flight: 0,
             max_queue_depth: 0,
+            syncs: SyncCounters::default(),
         }
     }
 }
@@ -223,12 +227,48 @@ fn lower_to(cell: &AtomicU64, value: u64) {
     }
 }
 
+/// The live counters behind [`SyncCounters`]: one per image, held by its
+/// sticky flush state (which every sync passes, whichever queue, engine
+/// or VMM task runs it) and read by the disk's [`DiskStats`].
+#[derive(Debug, Default)]
+pub struct SyncStats {
+    ops: AtomicU64,
+    failed: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl SyncStats {
+    /// A sync ran; `ok` says whether it succeeded.
+    pub fn ran(&self, ok: bool) {
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A sync was refused because an earlier one failed.
+    pub fn refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The figures now.
+    pub fn snapshot(&self) -> SyncCounters {
+        SyncCounters {
+            ops: self.ops.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// A disk's statistics, shared by its queue threads (which record) and
 /// the VMM (which reads them and sets histogram boundaries).
 pub struct DiskStats {
     queues: Vec<QueueShare>,
     in_flight: AtomicU64,
     max_queue_depth: AtomicU64,
+    /// The image's syncs, counted by its sticky flush state.
+    syncs: Arc<SyncStats>,
     /// Serialises boundary changes against reads, so a read never sees
     /// queues with different boundaries (recorders never take it).
     control: Mutex<()>,
@@ -236,8 +276,14 @@ pub struct DiskStats {
 
 impl DiskStats {
     /// Statistics for a disk of `queues` queues (at least one), every
-    /// histogram with the default boundaries.
+    /// histogram with the default boundaries, whose image counts no syncs
+    /// (a back end without a sticky flush state).
     pub fn new(queues: usize) -> DiskStats {
+        DiskStats::with_syncs(queues, Arc::default())
+    }
+
+    /// [`DiskStats::new`] for an image whose syncs `syncs` counts.
+    pub fn with_syncs(queues: usize, syncs: Arc<SyncStats>) -> DiskStats {
         let defaults = Boundaries::default_set();
         DiskStats {
             queues: (0..queues.max(1))
@@ -245,6 +291,7 @@ impl DiskStats {
                 .collect(),
             in_flight: AtomicU64::new(0),
             max_queue_depth: AtomicU64::new(0),
+            syncs,
             control: Mutex::new(()),
         }
     }
@@ -295,6 +342,7 @@ impl DiskStats {
         }
         total.in_flight = self.in_flight.load(Ordering::Relaxed);
         total.max_queue_depth = self.max_queue_depth.load(Ordering::Relaxed);
+        total.syncs = self.syncs.snapshot();
         total
     }
 }
@@ -437,6 +485,23 @@ mod tests {
         for (i, h) in LatencyHistogram::ALL.iter().enumerate() {
             assert_eq!(histogram_index(*h), i);
         }
+    }
+
+    #[test]
+    fn the_images_syncs_are_read_with_the_disk_once_not_per_queue() {
+        let syncs = Arc::new(SyncStats::default());
+        let stats = DiskStats::with_syncs(3, syncs.clone());
+        syncs.ran(true);
+        syncs.ran(false);
+        syncs.refused();
+        syncs.refused();
+        let want = SyncCounters {
+            ops: 2,
+            failed: 1,
+            refused: 2,
+        };
+        assert_eq!(stats.snapshot().syncs, want);
+        assert_eq!(DiskStats::new(2).snapshot().syncs, SyncCounters::default());
     }
 
     #[test]

@@ -10,47 +10,44 @@
 //! with O_DIRECT; hakoniwa's cache=none also writes unaligned requests
 //! through the page cache, so it is sticky in every mode that syncs.
 //!
-//! The engine that runs the sync (a thread today, an io_uring fsync
-//! tomorrow) asks [`StickyFlush::refusal`] before syncing and reports
-//! the outcome with [`StickyFlush::record`].
+//! The engine that runs the sync (an io_uring fsync, or a thread's
+//! fdatasync) asks [`StickyFlush::refusal`] before syncing and reports
+//! the outcome with [`StickyFlush::record`]. Every sync of the image
+//! passes here, so here they are counted too: the [`SyncStats`] the
+//! disk's statistics read (`sync_ops`, `sync_failed`, `sync_refused` in
+//! `vm.counters`).
 
 use std::io;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+
+use super::counters::SyncCounters;
+use super::stats::SyncStats;
 
 /// The flush health of one open image.
 #[derive(Debug, Default)]
 pub struct StickyFlush {
     /// The errno of the first failed sync, 0 while none failed.
     errno: AtomicI32,
-    /// Syncs that failed.
-    failed: AtomicU64,
-    /// Flushes refused without syncing because an earlier one failed.
-    refused: AtomicU64,
-}
-
-/// The counters of a [`StickyFlush`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FlushFailures {
-    /// fdatasync calls that failed.
-    pub failed_syncs: u64,
-    /// Flushes failed without syncing because an earlier sync had failed.
-    pub refused_flushes: u64,
+    /// Syncs run, failed and refused.
+    stats: Arc<SyncStats>,
 }
 
 impl StickyFlush {
     /// The error a flush must fail with without syncing, if an earlier
-    /// sync failed (and counts it).
+    /// sync failed (and counts it as refused).
     pub fn refusal(&self) -> Option<io::Error> {
         match self.errno.load(Ordering::SeqCst) {
             0 => None,
             errno => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
+                self.stats.refused();
                 Some(io::Error::from_raw_os_error(errno))
             }
         }
     }
 
-    /// Takes the outcome of a sync: a failure makes every later flush fail.
+    /// Takes (and counts) the outcome of a sync: a failure makes every
+    /// later flush fail.
     pub fn record(&self, result: io::Result<()>) -> io::Result<()> {
         if let Err(e) = &result {
             let errno = e.raw_os_error().filter(|&n| n != 0).unwrap_or(libc::EIO);
@@ -58,8 +55,8 @@ impl StickyFlush {
             let _ = self
                 .errno
                 .compare_exchange(0, errno, Ordering::SeqCst, Ordering::SeqCst);
-            self.failed.fetch_add(1, Ordering::Relaxed);
         }
+        self.stats.ran(result.is_ok());
         result
     }
 
@@ -76,12 +73,14 @@ impl StickyFlush {
         self.errno.load(Ordering::SeqCst) != 0
     }
 
-    /// The counters.
-    pub fn failures(&self) -> FlushFailures {
-        FlushFailures {
-            failed_syncs: self.failed.load(Ordering::Relaxed),
-            refused_flushes: self.refused.load(Ordering::Relaxed),
-        }
+    /// The counters, live: the disk's statistics read them.
+    pub fn stats(&self) -> Arc<SyncStats> {
+        self.stats.clone()
+    }
+
+    /// The counters now.
+    pub fn counters(&self) -> SyncCounters {
+        self.stats.snapshot()
     }
 }
 
@@ -111,10 +110,11 @@ mod tests {
         }
         assert_eq!(syncs.get(), 1, "no sync after the failure");
         assert_eq!(
-            sticky.failures(),
-            FlushFailures {
-                failed_syncs: 1,
-                refused_flushes: 3
+            sticky.counters(),
+            SyncCounters {
+                ops: 2,
+                failed: 1,
+                refused: 3
             }
         );
     }
