@@ -43,9 +43,8 @@ use super::engine::{
 };
 use super::error_policy::{ErrorPolicy, HeldRequests, StopHandler, StopReason};
 use super::io::{AlignedBuf, DiskBackend, FileDisk, Locking};
-use super::metrics::{add, BlockMetrics, Metrics};
 use super::request::{
-    begin, count_completion, HoldCause, PendingIo, Processed, Request, RequestContext, Started,
+    begin, HoldCause, PendingIo, Processed, Request, RequestContext, Started,
     DISCARD_SECTOR_ALIGNMENT, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, MAX_WRITE_ZEROES_SECTORS,
 };
 use super::stats::{now_ns, DiskStats, RequestRecord, StageTimes};
@@ -116,7 +115,6 @@ pub struct Block {
     engine: EngineKind,
     engine_fallback: Option<String>,
     rings: Arc<dyn RingSetup>,
-    metrics: Arc<Metrics>,
     /// The statistics of `vm.counters`, a share per queue.
     stats: Arc<DiskStats>,
     errors: Arc<DiskErrors>,
@@ -268,7 +266,6 @@ impl Block {
             engine: EngineKind::Threads,
             engine_fallback: None,
             rings: Arc::new(KernelRings),
-            metrics: Arc::new(Metrics::default()),
             stats: Arc::new(DiskStats::with_syncs(usize::from(num_queues), syncs)),
             errors: Arc::new(DiskErrors::default()),
             lifecycle: DeviceLifecycle::default(),
@@ -336,15 +333,6 @@ impl Block {
     /// Whether the queues are being served.
     pub fn is_active(&self) -> bool {
         self.lifecycle.is_active()
-    }
-
-    /// The request counters so far.
-    pub fn metrics(&self) -> BlockMetrics {
-        let mut m = self.metrics.snapshot();
-        let syncs = self.stats.snapshot().syncs;
-        m.failed_syncs = syncs.failed;
-        m.refused_flushes = syncs.refused;
-        m
     }
 
     /// The statistics (per kind and stage, histograms), live: the VMM
@@ -477,7 +465,6 @@ impl QueueDevice for Block {
         let shared = Arc::new(Shared {
             disk: self.backend.clone(),
             serial: self.serial,
-            metrics: self.metrics.clone(),
             capacity: self.capacity,
             readonly: self.config.readonly,
             acked_features: queues.acked_features & self.features,
@@ -659,7 +646,6 @@ impl Block {
 struct Shared {
     disk: Arc<dyn DiskBackend>,
     serial: [u8; SERIAL_LEN],
-    metrics: Arc<Metrics>,
     capacity: u64,
     readonly: bool,
     acked_features: u64,
@@ -674,7 +660,6 @@ impl Shared {
             readonly: self.readonly,
             acked_features: self.acked_features,
             serial: self.serial,
-            metrics: &self.metrics,
             errors: self.policy,
         }
     }
@@ -851,10 +836,6 @@ impl QueueHandler {
             return false;
         }
         times.complete = now_ns();
-        let metrics = &self.shared.metrics;
-        count_completion(&processed.completion, metrics);
-        add(&metrics.latency_us_sum, times.service_ns() / 1000);
-        add(&metrics.completed, 1);
         self.in_flight = self.in_flight.saturating_sub(1);
         self.finished.push(RequestRecord {
             kind: processed.kind,

@@ -14,7 +14,7 @@ use super::engine::uring::UringEngine;
 use super::engine::{wait_for_completions, Done, IoEngine, IoOp, KernelRings, OpKind, RingSetup};
 use super::request::VIRTIO_BLK_S_OK;
 use super::tests::{
-    guest_memory, pattern, put_header, r, read_mem, status_at, w, TempImage, HDR, STATUS,
+    counted, guest_memory, pattern, put_header, r, read_mem, status_at, w, TempImage, HDR, STATUS,
 };
 use super::*;
 use crate::virtio::testing::{DriverQueue, RecordingInterrupt};
@@ -180,9 +180,12 @@ fn exercise(block: Block, image: &TempImage, seed: u64) {
     rig.q.offer(&[r(HDR, 16), w(STATUS, 1)]);
     rig.kick_and_wait(1);
     assert_eq!(status_at(&rig.mem, STATUS), VIRTIO_BLK_S_OK);
-    let m = rig.block.metrics();
-    assert_eq!(m.errors, 0);
-    assert_eq!(m.read_requests + m.write_requests, 12 * BATCH as u64);
+    let c = counted(&rig.block, 12 * BATCH as u64 + 1);
+    assert_eq!(c.errors(), 0);
+    assert_eq!(
+        c.kind(RequestKind::Read).ops + c.kind(RequestKind::Write).ops,
+        12 * BATCH as u64
+    );
     drop(rig);
     assert!(
         image.contents() == reference,

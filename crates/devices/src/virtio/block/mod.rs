@@ -12,7 +12,6 @@
 //!   it, never trusting the guest;
 //! - [`io`]: the disk back ends ([`FileDisk`] with the cache modes and
 //!   O_DIRECT, [`MemDisk`] for tests and fuzzing) and aligned buffers;
-//! - [`metrics`]: request counters;
 //! - [`stats`]: the statistics of `vm.counters` (docs/devices.md,
 //!   "Counters"): per request kind and stage, recorded lock-free by the
 //!   queue threads from each request's [`StageTimes`]; [`counters`] the
@@ -49,7 +48,6 @@ pub mod gate;
 pub mod histogram;
 pub mod io;
 pub mod lock;
-pub mod metrics;
 pub mod request;
 pub mod stats;
 pub mod sticky;
@@ -76,7 +74,6 @@ pub use device::{Block, BlockState};
 pub use engine::EngineKind;
 pub use histogram::HistogramSnapshot;
 pub use io::{AlignedBuf, DiskBackend, FileDisk, Locking, MemDisk};
-pub use metrics::BlockMetrics;
 pub use request::{
     process_chain, process_chain_counted, Processed, Request, RequestContext, RequestError,
     RequestType,

@@ -32,7 +32,6 @@ use super::counters::{Outcome, RequestKind};
 use super::engine::{run_blocking, IoOp, OpKind};
 use super::error_policy::{Access, ErrorAction, ErrorPolicy};
 use super::io::{AlignedBuf, DiskBackend};
-use super::metrics::{add, Metrics};
 use super::{SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
 use crate::GuestMemoryMmap;
 
@@ -214,7 +213,6 @@ pub struct RequestContext<'a> {
     pub acked_features: u64,
     /// The GET_ID answer.
     pub serial: [u8; SERIAL_LEN],
-    pub metrics: &'a Metrics,
     /// What a host I/O error does (`werror=`, `rerror=`).
     pub errors: ErrorPolicy,
 }
@@ -565,7 +563,6 @@ impl<'a> Request<'a> {
                     .map_err(RequestError::host)?;
                 self.writer.write_all(&scratch[..n])?;
                 offset += n as u64;
-                add(&ctx.metrics.read_bytes, n as u64);
             }
             Ok(())
         })();
@@ -593,7 +590,6 @@ impl<'a> Request<'a> {
                 .write_at(&scratch[..n], offset)
                 .map_err(RequestError::host)?;
             offset += n as u64;
-            add(&ctx.metrics.write_bytes, n as u64);
         }
         write_through(ctx).map(|()| len)
     }
@@ -738,10 +734,10 @@ fn check_sectors(ctx: &RequestContext, sector: u64, sectors: u64) -> Result<u64,
     }
 }
 
+/// Flushes the back end (whether it synced, its sticky flush state
+/// counts).
 fn flush(ctx: &RequestContext) -> Result<(), RequestError> {
-    if ctx.disk.flush().map_err(RequestError::host)? {
-        add(&ctx.metrics.syncs, 1);
-    }
+    ctx.disk.flush().map_err(RequestError::host)?;
     Ok(())
 }
 
@@ -830,7 +826,9 @@ impl PendingIo {
         };
         let zero_copy = op.bounce.is_none();
         // RWF_DSYNC (write-through without FLUSH) syncs like a flush.
-        let synced = op.dsync;
+        if let (OpKind::Write, true, Some(sticky)) = (op.kind, op.dsync, ctx.disk.sticky()) {
+            sticky.stats().ran(result.is_ok());
+        }
         let outcome = match (op.kind, result) {
             (OpKind::Read, Ok(n)) => {
                 let copied = match op.bounce.as_mut() {
@@ -844,10 +842,7 @@ impl PendingIo {
                         write_segments(mem, &self.segments, n, &zeroes)
                     }
                 };
-                copied.map(|()| {
-                    add(&ctx.metrics.read_bytes, self.len as u64);
-                    self.len as u64
-                })
+                copied.map(|()| self.len as u64)
             }
             (OpKind::Read, Err(e)) => {
                 if zero_copy {
@@ -856,17 +851,7 @@ impl PendingIo {
                 }
                 Err(RequestError::host(e))
             }
-            (OpKind::Write, Ok(_)) => {
-                add(&ctx.metrics.write_bytes, self.len as u64);
-                if synced {
-                    add(&ctx.metrics.syncs, 1);
-                }
-                Ok(0)
-            }
-            (OpKind::Flush, Ok(_)) => {
-                add(&ctx.metrics.syncs, 1);
-                Ok(0)
-            }
+            (OpKind::Write | OpKind::Flush, Ok(_)) => Ok(0),
             (_, Err(e)) => Err(RequestError::host(e)),
         };
         let moved = match op.kind {
@@ -986,11 +971,11 @@ fn write_segments(
     Ok(())
 }
 
-/// Parses the request in `chain` and starts it ([`Request::start`]),
-/// counting it by type in `ctx.metrics`; a malformed chain is completed
-/// at once. The first half of the device-side handling of one chain
-/// (the second is [`PendingIo::finish`] or [`Request::execute`], then
-/// [`count_completion`]).
+/// Parses the request in `chain` and starts it ([`Request::start`]); a
+/// malformed chain is completed at once. The first half of the
+/// device-side handling of one chain (the second is [`PendingIo::finish`]
+/// or [`Request::execute`]; its [`Processed`] says what the statistics
+/// count).
 pub fn begin<'a, M>(
     chain: DescriptorChain<M>,
     mem: &'a GuestMemoryMmap,
@@ -1000,21 +985,9 @@ where
     M: Deref + Clone,
     M::Target: GuestMemory + Sized,
 {
-    let m = ctx.metrics;
     match Request::parse(chain, mem) {
-        Ok(request) => {
-            let counter = match request.request_type {
-                RequestType::In => &m.read_requests,
-                RequestType::Out => &m.write_requests,
-                RequestType::Flush => &m.flush_requests,
-                RequestType::Discard | RequestType::WriteZeroes => &m.discard_requests,
-                RequestType::GetId | RequestType::Unsupported(_) => &m.other_requests,
-            };
-            add(counter, 1);
-            request.start(mem, ctx)
-        }
+        Ok(request) => request.start(mem, ctx),
         Err(malformed) => {
-            add(&m.other_requests, 1);
             tracing::debug!("virtio-blk: malformed request: {}", malformed.error);
             let completion = match malformed.status {
                 Some(addr) => write_status(mem, addr, malformed.error.status(), 0),
@@ -1034,19 +1007,12 @@ where
     }
 }
 
-/// Counts a completed request's failure, if it failed.
-pub fn count_completion(completion: &Completion, metrics: &Metrics) {
-    if completion.status != Some(VIRTIO_BLK_S_OK) {
-        add(&metrics.errors, 1);
-    }
-}
-
 /// Parses and runs the request in `chain`, whatever it holds, on this
 /// thread, through the same steps as the device ([`begin`], the op run
-/// with the threads engine's blocking calls, [`PendingIo::finish`]), and
-/// counts it in `ctx.metrics` (not its latency: the caller knows when it
-/// took the chain). The entry point of the `block_request` fuzz target
-/// and the reference the engines' tests compare with.
+/// with the threads engine's blocking calls, [`PendingIo::finish`]). The
+/// entry point of the `block_request` fuzz target and the reference the
+/// engines' tests compare with; [`process_chain_counted`] also says what
+/// the statistics count.
 pub fn process_chain<M>(
     chain: DescriptorChain<M>,
     mem: &GuestMemoryMmap,
@@ -1072,14 +1038,12 @@ where
     M: Deref + Clone,
     M::Target: GuestMemory + Sized,
 {
-    let processed = match begin(chain, mem, ctx) {
+    match begin(chain, mem, ctx) {
         Started::Done(processed) => processed,
         Started::Io(pending, mut op) => {
             let result = run_blocking(&mut op, ctx.disk, 0);
             pending.finish(op, result, mem, ctx)
         }
         Started::Alone(request) => request.execute_counted(mem, ctx, scratch),
-    };
-    count_completion(&processed.completion, ctx.metrics);
-    processed
+    }
 }

@@ -24,7 +24,6 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::device::CONFIG_LEN;
 use super::io::open_error;
-use super::metrics::Metrics;
 use super::request::{Completion, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP};
 use super::*;
 use crate::options::OptionsError;
@@ -163,17 +162,33 @@ fn raw_chain<'a>(
     q.queue().pop_descriptor_chain(mem).unwrap()
 }
 
+/// Runs chains against a back end on this thread, counting them in a
+/// disk's statistics as the device would (one queue, no stage times).
 struct Harness {
     mem: GuestMemoryMmap,
-    metrics: Metrics,
+    stats: DiskStats,
 }
 
 impl Harness {
     fn new() -> Harness {
         Harness {
             mem: guest_memory(),
-            metrics: Metrics::default(),
+            stats: DiskStats::new(1),
         }
+    }
+
+    /// A harness whose statistics also count the syncs of `disk`'s image.
+    fn counting_syncs_of(disk: &dyn DiskBackend) -> Harness {
+        let syncs = disk.sticky().expect("a disk that syncs").stats();
+        Harness {
+            mem: guest_memory(),
+            stats: DiskStats::with_syncs(1, syncs),
+        }
+    }
+
+    /// The statistics so far.
+    fn counters(&self) -> DiskCounters {
+        self.stats.snapshot()
     }
 
     fn ctx<'a>(&'a self, disk: &'a dyn DiskBackend, size: u64, acked: u64) -> RequestContext<'a> {
@@ -183,7 +198,6 @@ impl Harness {
             readonly: false,
             acked_features: acked,
             serial: *b"test-serial-0123456\0",
-            metrics: &self.metrics,
             errors: Default::default(),
         }
     }
@@ -194,7 +208,21 @@ impl Harness {
         let mut q = DriverQueue::new(&self.mem, 0, 16);
         q.add(descs);
         let c = q.queue().pop_descriptor_chain(&self.mem).unwrap();
-        process_chain(c, &self.mem, ctx, &mut AlignedBuf::new(8192))
+        let p = process_chain_counted(c, &self.mem, ctx, &mut AlignedBuf::new(8192));
+        // The device counts what it answers; a held request is not yet.
+        if p.completion.hold.is_none() {
+            self.stats.dequeued();
+            self.stats.completed(
+                0,
+                &RequestRecord {
+                    kind: p.kind,
+                    outcome: p.outcome,
+                    bytes: p.bytes,
+                    times: StageTimes::default(),
+                },
+            );
+        }
+        p.completion
     }
 
     fn write(&self, ctx: &RequestContext, sector: u64, data: &[u8]) -> Completion {
@@ -227,6 +255,21 @@ impl Harness {
         put_segment(&self.mem, DATA, sector, sectors, flags);
         self.run(ctx, &[r(HDR, 16), r(DATA, 16), w(STATUS, 1)])
     }
+}
+
+/// The device's statistics once it has counted `n` requests (its queue
+/// thread counts a request just after putting it in the used ring), and
+/// no more.
+pub(super) fn counted(block: &Block, n: u64) -> DiskCounters {
+    let stats = block.stats();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stats.snapshot().ops() < n {
+        assert!(Instant::now() < deadline, "{:?}", stats.snapshot());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let c = stats.snapshot();
+    assert_eq!(c.ops(), n, "{c:?}");
+    c
 }
 
 fn ok(len: u32) -> Completion {
@@ -271,10 +314,11 @@ fn write_then_read_round_trip_on_a_file() {
     assert_eq!(c, ok(3 * 512 + 1));
     assert_eq!(back, data);
 
-    let m = h.metrics.snapshot();
-    assert_eq!((m.read_requests, m.write_requests), (1, 1));
-    assert_eq!((m.read_bytes, m.write_bytes), (1536, 1536));
-    assert_eq!(m.errors, 0);
+    let c = h.counters();
+    let (read, write) = (c.kind(RequestKind::Read), c.kind(RequestKind::Write));
+    assert_eq!((read.ops, write.ops), (1, 1));
+    assert_eq!((read.bytes, write.bytes), (1536, 1536));
+    assert_eq!(c.errors(), 0);
 }
 
 #[test]
@@ -405,13 +449,18 @@ fn flush_syncs_for_writeback_and_none_but_not_unsafe() {
         let mut config = image.config();
         config.cache = cache;
         let disk = FileDisk::open(&config).unwrap();
-        let h = Harness::new();
+        let h = Harness::counting_syncs_of(&disk);
         let ctx = h.ctx(&disk, disk.size(), ACKED_ALL);
         assert_eq!(h.write(&ctx, 0, &pattern(512, 2)), ok(1));
-        assert_eq!(h.metrics.snapshot().syncs, 0, "{cache}: writes do not sync");
+        assert_eq!(h.counters().syncs.ops, 0, "{cache}: writes do not sync");
         assert_eq!(h.simple(&ctx, VIRTIO_BLK_T_FLUSH), ok(1), "{cache}");
-        let m = h.metrics.snapshot();
-        assert_eq!((m.flush_requests, m.syncs), (1, syncs), "{cache}");
+        let c = h.counters();
+        assert_eq!(
+            (c.kind(RequestKind::Flush).ops, c.syncs.ops),
+            (1, syncs),
+            "{cache}"
+        );
+        assert_eq!((c.syncs.failed, c.syncs.refused), (0, 0), "{cache}");
         assert_eq!(&image.contents()[..512], &pattern(512, 2)[..]);
     }
 }
@@ -420,10 +469,10 @@ fn flush_syncs_for_writeback_and_none_but_not_unsafe() {
 fn without_negotiated_flush_writes_are_write_through() {
     let image = TempImage::new(&vec![0u8; 8192]);
     let disk = FileDisk::open(&image.config()).unwrap();
-    let h = Harness::new();
+    let h = Harness::counting_syncs_of(&disk);
     let ctx = h.ctx(&disk, disk.size(), 0);
     assert_eq!(h.write(&ctx, 1, &pattern(512, 4)), ok(1));
-    assert_eq!(h.metrics.snapshot().syncs, 1);
+    assert_eq!(h.counters().syncs.ops, 1);
 }
 
 #[test]
@@ -490,7 +539,7 @@ fn a_readonly_disk_refuses_writes_and_keeps_the_file() {
     assert_eq!(c, ok(1025));
     assert_eq!(back, original[1024..2048]);
     assert_eq!(h.simple(&ctx, VIRTIO_BLK_T_FLUSH), ok(1));
-    assert_eq!(h.metrics.snapshot().errors, 3);
+    assert_eq!(h.counters().errors(), 3);
 
     // The device itself refuses, whatever the back end would allow.
     let mem_disk = MemDisk::from_bytes(original.clone());
@@ -528,7 +577,12 @@ fn discard_and_write_zeroes_zero_the_range_on_a_file() {
         let want = if zeroed(sector) { 0 } else { 0xAA };
         assert!(bytes.iter().all(|b| *b == want), "sector {sector}");
     }
-    assert_eq!(h.metrics.snapshot().discard_requests, 3);
+    let c = h.counters();
+    let (discard, zeroes) = (
+        c.kind(RequestKind::Discard),
+        c.kind(RequestKind::WriteZeroes),
+    );
+    assert_eq!((discard.ops, zeroes.ops), (1, 2));
 }
 
 #[test]
@@ -591,7 +645,7 @@ fn sectors_beyond_the_capacity_and_partial_sectors_fail() {
     assert!(data.iter().all(|b| *b == 0xEE));
     assert_eq!(h.write(&ctx, 0, &[0; 513]), ioerr);
     assert_eq!(disk.contents(), pattern(64 * 1024, 8));
-    assert_eq!(h.metrics.snapshot().errors, 8);
+    assert_eq!(h.counters().errors(), 8);
 }
 
 #[test]
@@ -1228,15 +1282,19 @@ fn the_device_serves_its_queue_from_its_threads() {
     assert_eq!(&read_mem(&mem, DATA + 8192, 5), b"boot\0");
     assert_eq!(&image.contents()[16 * 512..16 * 512 + 4096], &data[..]);
 
-    let m = block.metrics();
-    assert_eq!(m.completed, 4);
+    let c = counted(&block, 4);
+    let ops = |kind| c.kind(kind).ops;
     assert_eq!(
-        (m.read_requests, m.write_requests, m.flush_requests),
+        (
+            ops(RequestKind::Read),
+            ops(RequestKind::Write),
+            ops(RequestKind::Flush)
+        ),
         (1, 1, 1)
     );
-    assert_eq!(m.other_requests, 1);
-    assert_eq!(m.syncs, 1);
-    assert_eq!(m.errors, 0);
+    assert_eq!(ops(RequestKind::Other), 1);
+    assert_eq!(c.syncs.ops, 1);
+    assert_eq!(c.errors(), 0);
 
     block.reset();
     assert!(!block.is_active());
@@ -1323,7 +1381,7 @@ fn malformed_chains_do_not_stop_the_device() {
     assert_eq!(used, [(bad, 0), (worse, 1), (good, 513)]);
     assert_eq!(read_mem(&mem, HDR + 31, 1), [VIRTIO_BLK_S_IOERR]);
     assert_eq!(status(&mem), VIRTIO_BLK_S_OK);
-    assert_eq!(block.metrics().errors, 2);
+    assert_eq!(counted(&block, 3).errors(), 2);
     // A bogus available index (more than a queue ahead) is refused
     // without spinning or hanging.
     d.q.set_avail_idx(1000);
