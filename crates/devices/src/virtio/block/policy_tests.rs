@@ -13,7 +13,9 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::request::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
@@ -132,6 +134,12 @@ struct TwoQueues {
 
 impl TwoQueues {
     fn start(engine: EngineKind, options: &str) -> TwoQueues {
+        TwoQueues::start_without(engine, options, 0)
+    }
+
+    /// [`TwoQueues::start`] with a driver that does not accept the
+    /// feature bits in `refused`.
+    fn start_without(engine: EngineKind, options: &str, refused: u64) -> TwoQueues {
         let disk = Arc::new(SwitchDisk::new());
         let mut config = BlockConfig::parse(&format!("/switch,num_queues=2{options}")).unwrap();
         config.engine = engine;
@@ -145,7 +153,7 @@ impl TwoQueues {
             DriverQueue::new(&mem, 0, 64),
             DriverQueue::new(&mem, 0x4000, 64),
         ];
-        let features = block.device_features();
+        let features = block.device_features() & !refused;
         block
             .activate(
                 mem.clone(),
@@ -304,6 +312,54 @@ fn a_failed_fsync_in_either_engine_fails_every_later_flush_on_every_queue() {
         t.request(1, 1, VIRTIO_BLK_T_OUT, 0);
         t.q[1].wait_used_n(1);
         assert_eq!(t.status(1, 1), VIRTIO_BLK_S_OK, "{engine}");
+        t.block.reset();
+    }
+}
+
+#[test]
+fn a_failed_write_through_write_is_a_failed_sync_on_either_engine() {
+    for engine in [EngineKind::IoUring, EngineKind::Threads] {
+        // Without FLUSH every write goes with RWF_DSYNC: its own sync.
+        let mut t = TwoQueues::start_without(engine, "", 1 << VIRTIO_BLK_F_FLUSH);
+        t.request(0, 0, VIRTIO_BLK_T_OUT, 0);
+        t.q[0].wait_used_n(1);
+        assert_eq!(t.status(0, 0), VIRTIO_BLK_S_OK, "{engine}");
+        assert!(!t.disk.sticky.is_failed(), "{engine}");
+        // The engine's write fails (EBADF through a read-only
+        // descriptor): whether the write or its sync failed cannot be
+        // told, so it is a failed sync, as a failed fdatasync.
+        t.disk.read_only();
+        t.request(0, 1, VIRTIO_BLK_T_OUT, 8);
+        t.q[0].wait_used_n(1);
+        assert_eq!(t.status(0, 1), VIRTIO_BLK_S_IOERR, "{engine}");
+        assert!(t.disk.sticky.is_failed(), "{engine}: not sticky");
+        // Healthy again: the next write-through write, on the other
+        // queue, fails too, without reaching the image.
+        t.disk.healthy();
+        let data = pattern(4096, 40);
+        t.mem
+            .write_slice(&data, GuestAddress(TwoQueues::data_addr(1, 0)))
+            .unwrap();
+        t.request(1, 0, VIRTIO_BLK_T_OUT, 16);
+        t.q[1].wait_used_n(1);
+        assert_eq!(t.status(1, 0), VIRTIO_BLK_S_IOERR, "{engine}");
+        let image = pattern(SIZE, 21);
+        let on_disk = t.disk.contents(16 * 512, 4096);
+        assert!(on_disk == image[16 * 512..16 * 512 + 4096], "{engine}");
+        // Reads still work: only what syncs is refused.
+        t.request(1, 1, VIRTIO_BLK_T_IN, 0);
+        t.q[1].wait_used_n(1);
+        assert_eq!(t.status(1, 1), VIRTIO_BLK_S_OK, "{engine}");
+        // The good write's sync, the failed one, the refused one.
+        assert_eq!(
+            t.block.stats().snapshot().syncs,
+            SyncCounters {
+                ops: 2,
+                failed: 1,
+                refused: 1
+            },
+            "{engine}"
+        );
         t.block.reset();
     }
 }

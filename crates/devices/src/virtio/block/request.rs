@@ -428,6 +428,17 @@ impl<'a> Request<'a> {
         if data == 0 {
             return Ok(None);
         }
+        let dsync = kind == OpKind::Write
+            && ctx.acked_features & (1 << VIRTIO_BLK_F_FLUSH) == 0
+            && !ctx.disk.ignores_flush();
+        if dsync {
+            // A write-through write promises what a flush does: after a
+            // failed sync it fails too, without writing (see
+            // [`super::sticky`]), whichever way it would have run.
+            if let Some(e) = ctx.disk.sticky().and_then(|s| s.refusal()) {
+                return Err(RequestError::host(e));
+            }
+        }
         let align = usize::try_from(ctx.disk.direct_alignment()).unwrap_or(usize::MAX);
         if offset % align as u64 != 0 || data % align != 0 {
             // O_DIRECT cannot take this access at all (a 512-byte sector
@@ -435,9 +446,6 @@ impl<'a> Request<'a> {
             // it, alone, as it must not interleave with direct accesses.
             return Err(RequestError::NeedsAlone);
         }
-        let dsync = kind == OpKind::Write
-            && ctx.acked_features & (1 << VIRTIO_BLK_F_FLUSH) == 0
-            && !ctx.disk.ignores_flush();
         let mut op = IoOp {
             kind,
             offset,
@@ -817,18 +825,27 @@ impl PendingIo {
             Ok(n) if n < self.len => run_blocking(&mut op, ctx.disk, n),
             r => r,
         };
+        // The engines sync the descriptor themselves (an io_uring fsync,
+        // the threads' fdatasync, a write with RWF_DSYNC), not through
+        // DiskBackend::flush, which records its own: the outcome is
+        // recorded here, once. Without a descriptor the back end's flush
+        // ran (see run_blocking).
+        let engine_synced = ctx.disk.raw_fd().is_some();
         let result = match (op.kind, ctx.disk.sticky()) {
-            // The engines sync the descriptor themselves (an io_uring
-            // fsync, or the threads' fdatasync), not through
-            // FileDisk::flush: the outcome is recorded here, once.
-            (OpKind::Flush, Some(sticky)) => sticky.record(result.map(|_| ())).map(|()| 0),
+            (OpKind::Flush, Some(sticky)) if engine_synced => {
+                sticky.record(result.map(|_| ())).map(|()| 0)
+            }
+            // A write-through write (the driver did not negotiate FLUSH)
+            // that failed may have met a writeback error that Linux now
+            // reports nowhere else: whether the write or its sync failed,
+            // it is a failed sync, as a failed fdatasync.
+            (OpKind::Write, Some(sticky)) if op.dsync && engine_synced => {
+                let moved = result.as_ref().map_or(0, |&n| n);
+                sticky.record(result.map(|_| ())).map(|()| moved)
+            }
             _ => result,
         };
         let zero_copy = op.bounce.is_none();
-        // RWF_DSYNC (write-through without FLUSH) syncs like a flush.
-        if let (OpKind::Write, true, Some(sticky)) = (op.kind, op.dsync, ctx.disk.sticky()) {
-            sticky.stats().ran(result.is_ok());
-        }
         let outcome = match (op.kind, result) {
             (OpKind::Read, Ok(n)) => {
                 let copied = match op.bounce.as_mut() {
