@@ -13,11 +13,12 @@ use vm_memory::{Bytes, GuestAddress};
 use super::engine::uring::UringEngine;
 use super::engine::{wait_for_completions, Done, IoEngine, IoOp, KernelRings, OpKind, RingSetup};
 use super::request::VIRTIO_BLK_S_OK;
+use super::test_support::{activate, counted};
 use super::tests::{
-    counted, guest_memory, pattern, put_header, r, read_mem, status_at, w, TempImage, HDR, STATUS,
+    guest_memory, pattern, put_header, r, read_mem, status_at, w, TempImage, HDR, STATUS,
 };
 use super::*;
-use crate::virtio::testing::{DriverQueue, RecordingInterrupt};
+use crate::virtio::testing::DriverQueue;
 use crate::virtio::{DeviceState, StateError, VirtioDevice};
 use crate::GuestMemoryMmap;
 
@@ -75,16 +76,9 @@ struct Rig {
 impl Rig {
     fn start(mut block: Block) -> Rig {
         let mem = guest_memory();
-        let q = DriverQueue::new(&mem, 0, 256);
         let acked = block.device_features();
-        block
-            .activate(
-                mem.clone(),
-                RecordingInterrupt::new(),
-                vec![q.queue_events(0)],
-                acked,
-            )
-            .unwrap();
+        let (queues, _irq) = activate(&mut block, &mem, &[(0, 256)], acked);
+        let q = queues.into_iter().next().unwrap();
         Rig { block, mem, q }
     }
 
@@ -441,23 +435,7 @@ fn several_queues_each_serve_their_requests_and_pause_drains_them_all() {
 
     // The driver uses two of the three (a guest with two CPUs).
     let mem = guest_memory();
-    let mut queues = [
-        DriverQueue::new(&mem, 0, 64),
-        DriverQueue::new(&mem, 0x4000, 64),
-    ];
-    let irq = RecordingInterrupt::new();
-    block
-        .activate(
-            mem.clone(),
-            irq.clone(),
-            queues
-                .iter()
-                .enumerate()
-                .map(|(i, q)| q.queue_events(i as u16))
-                .collect(),
-            features,
-        )
-        .unwrap();
+    let (mut queues, irq) = activate(&mut block, &mem, &[(0, 64), (0x4000, 64)], features);
     for (i, q) in queues.iter_mut().enumerate() {
         let data = SLOT_DATA + i as u64 * SLOT_LEN;
         let hdr = HDR + 64 * i as u64;

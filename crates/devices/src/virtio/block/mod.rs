@@ -57,6 +57,8 @@ mod engine_tests;
 #[cfg(test)]
 mod policy_tests;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod tests;
 
 use std::fmt;

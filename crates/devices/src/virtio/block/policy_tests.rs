@@ -20,10 +20,11 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::request::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
 use super::sticky::StickyFlush;
+use super::test_support::activate;
 use super::tests::{guest_memory, pattern, put_header, r, read_mem, status_at, w, TempImage};
 use super::tests::{HDR, STATUS};
 use super::*;
-use crate::virtio::testing::{DriverQueue, RecordingInterrupt};
+use crate::virtio::testing::DriverQueue;
 use crate::virtio::VirtioDevice;
 use crate::GuestMemoryMmap;
 
@@ -129,7 +130,8 @@ struct TwoQueues {
     block: Block,
     disk: Arc<SwitchDisk>,
     mem: GuestMemoryMmap,
-    q: [DriverQueue; 2],
+    /// The two queues, in order.
+    q: Vec<DriverQueue>,
 }
 
 impl TwoQueues {
@@ -149,22 +151,8 @@ impl TwoQueues {
             eprintln!("io_uring refused here: {:?}", block.engine_fallback());
         }
         let mem = guest_memory();
-        let q = [
-            DriverQueue::new(&mem, 0, 64),
-            DriverQueue::new(&mem, 0x4000, 64),
-        ];
         let features = block.device_features() & !refused;
-        block
-            .activate(
-                mem.clone(),
-                RecordingInterrupt::new(),
-                q.iter()
-                    .enumerate()
-                    .map(|(i, q)| q.queue_events(i as u16))
-                    .collect(),
-                features,
-            )
-            .unwrap();
+        let (q, _irq) = activate(&mut block, &mem, &[(0, 64), (0x4000, 64)], features);
         TwoQueues {
             block,
             disk,

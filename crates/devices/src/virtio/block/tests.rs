@@ -25,6 +25,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::device::CONFIG_LEN;
 use super::io::open_error;
 use super::request::{Completion, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP};
+use super::test_support::{activate, counted};
 use super::*;
 use crate::options::OptionsError;
 use crate::virtio::state::testing::{at_saved_position, through_json};
@@ -255,21 +256,6 @@ impl Harness {
         put_segment(&self.mem, DATA, sector, sectors, flags);
         self.run(ctx, &[r(HDR, 16), r(DATA, 16), w(STATUS, 1)])
     }
-}
-
-/// The device's statistics once it has counted `n` requests (its queue
-/// thread counts a request just after putting it in the used ring), and
-/// no more.
-pub(super) fn counted(block: &Block, n: u64) -> DiskCounters {
-    let stats = block.stats();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while stats.snapshot().ops() < n {
-        assert!(Instant::now() < deadline, "{:?}", stats.snapshot());
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let c = stats.snapshot();
-    assert_eq!(c.ops(), n, "{c:?}");
-    c
 }
 
 fn ok(len: u32) -> Completion {
@@ -1160,11 +1146,8 @@ struct Driver {
 
 impl Driver {
     fn start(block: &mut Block, mem: &GuestMemoryMmap, acked: u64) -> Driver {
-        let q = DriverQueue::new(mem, 0, 16);
-        let irq = RecordingInterrupt::new();
-        block
-            .activate(mem.clone(), irq.clone(), vec![q.queue_events(0)], acked)
-            .unwrap();
+        let (queues, irq) = activate(block, mem, &[(0, 16)], acked);
+        let q = queues.into_iter().next().unwrap();
         Driver { q, irq }
     }
 
@@ -1317,17 +1300,10 @@ fn the_device_serves_a_full_size_queue_round_and_round() {
     let disk = Arc::new(MemDisk::from_bytes(contents.clone()));
     let mut block = Block::from_backend(BlockConfig::new("/m"), disk, 64 * 512, [0; SERIAL_LEN]);
     let mem = guest_memory();
-    let mut q = DriverQueue::new(&mem, 0, DEFAULT_QUEUE_SIZE);
-    assert!(q.layout().end() <= HDR);
     let acked = block.device_features();
-    block
-        .activate(
-            mem.clone(),
-            RecordingInterrupt::new(),
-            vec![q.queue_events(0)],
-            acked,
-        )
-        .unwrap();
+    let (queues, _irq) = activate(&mut block, &mem, &[(0, DEFAULT_QUEUE_SIZE)], acked);
+    let mut q = queues.into_iter().next().unwrap();
+    assert!(q.layout().end() <= HDR);
     for round in 0..6 {
         let mut want = Vec::new();
         for i in 0..BATCH {
