@@ -4,7 +4,8 @@
 //!   reaches the guest as an I/O error, and the VMM goes on serving;
 //! - a flush whose `fdatasync` failed (dm switched to `error` under dirty
 //!   pages) keeps failing after the device is healthy again, where a
-//!   second `fdatasync` alone would succeed;
+//!   second `fdatasync` alone would succeed, and `vm.counters` counts the
+//!   failed sync and the refused ones;
 //! - ENOSPC with `werror=stop` pauses the VM with one line naming the disk
 //!   and the errno (and `vm.info`'s `io_error`), and after space is freed
 //!   `ctl resume` completes the held write, which the guest never saw fail;
@@ -179,6 +180,14 @@ fn vm_info(socket: &str) -> serde_json::Value {
     serde_json::from_str(&info).unwrap()
 }
 
+/// `vm.counters` of disk `id`.
+fn disk_counters(socket: &str, id: &str) -> serde_json::Value {
+    let (ok, out) = ctl(socket, &["counters", "--json"]);
+    assert!(ok, "{out}");
+    let counters: serde_json::Value = serde_json::from_str(&out).unwrap();
+    counters[id].clone()
+}
+
 /// Waits until hakoniwa's stderr contains `needle`.
 fn wait_stderr(vmm: &Vmm, needle: &str) {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -254,6 +263,21 @@ fn host_read_errors_sticky_flushes_and_werror_stop_on_enospc() {
             "a flush after a failed one succeeded"
         );
     }
+    // The API counts it: one sync failed, the two flushes after it were
+    // refused without syncing, and all three flushes failed.
+    let vdb = disk_counters(&socket, "disk1");
+    let count = |name: &str| {
+        vdb[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name}: {vdb}"))
+    };
+    assert_eq!(count("sync_failed"), 1, "{vdb}");
+    assert!(count("sync_refused") >= 2, "{vdb}");
+    assert!(
+        count("sync_ops") >= 2,
+        "the good sync and the failed one: {vdb}"
+    );
+    assert!(count("flush_failed") >= 3, "{vdb}");
     // Reads still work: only flushes are refused.
     assert!(vmm
         .shell("echo 3 > /proc/sys/vm/drop_caches; dd if=/dev/vdb of=/dev/null bs=4096 count=1 2>/dev/null; echo rc=$?")
