@@ -838,8 +838,14 @@ impl PendingIo {
             // A write-through write (the driver did not negotiate FLUSH)
             // that failed may have met a writeback error that Linux now
             // reports nowhere else: whether the write or its sync failed,
-            // it is a failed sync, as a failed fdatasync.
-            (OpKind::Write, Some(sticky)) if op.dsync && engine_synced => {
+            // it is a failed sync, as a failed fdatasync. Not so when the
+            // space ran out: file systems reserve blocks when the write is
+            // made, so ENOSPC/EDQUOT/EFBIG come from the write itself,
+            // which left nothing durable to lose, and must stay retryable
+            // (werror=stop, then resume once there is room).
+            (OpKind::Write, Some(sticky))
+                if op.dsync && engine_synced && !is_out_of_space(&result) =>
+            {
                 let moved = result.as_ref().map_or(0, |&n| n);
                 sticky.record(result.map(|_| ())).map(|()| moved)
             }
@@ -1063,4 +1069,13 @@ where
         }
         Started::Alone(request) => request.execute_counted(mem, ctx, scratch),
     }
+}
+
+/// Whether a write failed for want of space (the device, a quota, the
+/// file size limit) rather than for an I/O error.
+fn is_out_of_space(result: &std::io::Result<usize>) -> bool {
+    matches!(
+        result.as_ref().err().and_then(|e| e.raw_os_error()),
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)
+    )
 }
