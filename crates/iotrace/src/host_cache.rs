@@ -74,7 +74,7 @@ impl HostCacheProbe {
     /// Prepares probes of `file` (opened for reading).
     pub fn open(file: &File) -> io::Result<Self> {
         let file = file.try_clone()?;
-        let file_len = file.metadata()?.len();
+        let file_len = byte_len(&file)?;
         let page_size = page_size();
         let mapping = if file_len == 0 {
             None
@@ -197,6 +197,23 @@ impl HostCacheProbe {
     }
 }
 
+/// A regular file's length, or a block device's size (whose metadata
+/// says 0): the end, found with a seek. The descriptor is this probe's own
+/// duplicate and only used with positioned calls, so moving its offset
+/// changes nothing.
+fn byte_len(file: &File) -> io::Result<u64> {
+    let metadata = file.metadata()?;
+    if metadata.file_type().is_file() {
+        return Ok(metadata.len());
+    }
+    // SAFETY: lseek on a descriptor we own; no memory is passed.
+    let end = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_END) };
+    if end < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(end as u64)
+}
+
 /// The pages `len` bytes at `offset` touch: (first page index, page count).
 fn page_span(offset: u64, len: u64, page_size: u64) -> (u64, u64) {
     if len == 0 {
@@ -262,6 +279,10 @@ impl Drop for FileMapping {
 // SAFETY: the mapping is never read or written through, only named to
 // mincore; moving it to another thread changes nothing.
 unsafe impl Send for FileMapping {}
+// SAFETY: likewise, `&FileMapping` only gives its address to mincore,
+// which reads the kernel's page tables, not the memory: any number of
+// threads may do so at once (the VMM's queue threads of one disk).
+unsafe impl Sync for FileMapping {}
 
 #[cfg(test)]
 mod tests {

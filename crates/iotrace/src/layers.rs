@@ -16,7 +16,7 @@
 use std::collections::{BTreeSet, HashSet};
 
 /// Where a request was seen.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Layer {
     /// File reads and writes of the traced program, in the guest.
@@ -28,7 +28,7 @@ pub enum Layer {
 }
 
 /// A request's direction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {
     Read,
@@ -36,7 +36,7 @@ pub enum Direction {
 }
 
 /// One request seen at one layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IoRecord {
     pub layer: Layer,
     /// When the layer saw the request, in nanoseconds on one clock shared
@@ -53,7 +53,7 @@ pub struct IoRecord {
 }
 
 /// A traced window: records with `start_ns <= time_ns < end_ns`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Window {
     pub start_ns: u64,
     pub end_ns: u64,
@@ -86,7 +86,7 @@ pub enum HostCacheView {
 }
 
 /// One layer's totals in a window.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LayerStats {
     pub read_bytes: u64,
     pub write_bytes: u64,
@@ -150,14 +150,14 @@ impl LayerStats {
 }
 
 /// One layer's I/O per application operation (the paper's figures 8–10).
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PerOperation {
     pub bytes: f64,
     pub requests: f64,
 }
 
 /// The three layers per application operation (`None` without any).
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PerApplicationOperation {
     pub application: PerOperation,
     pub virtual_disk: PerOperation,
@@ -165,7 +165,7 @@ pub struct PerApplicationOperation {
 }
 
 /// What the guest page cache did for reads.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GuestCacheStats {
     /// Application bytes read that did not reach the virtual disk:
     /// `1 - virtual disk read bytes / application read bytes`, floored at 0.
@@ -177,7 +177,7 @@ pub struct GuestCacheStats {
 }
 
 /// What the host page cache did for reads.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct HostCacheStats {
     /// The layers' difference, as the paper measures it:
     /// `1 - physical read bytes / virtual disk read bytes`, floored at 0.
@@ -192,7 +192,7 @@ pub struct HostCacheStats {
 }
 
 /// The estimate of the bytes held by both the guest and the host cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DoubleCached {
     pub bytes: u64,
     /// The guest cache's estimated share of this disk's blocks.
@@ -202,7 +202,7 @@ pub struct DoubleCached {
 }
 
 /// How the host cache's contents were known for [`DoubleCached`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HostViewKind {
     Measured,
@@ -210,7 +210,7 @@ pub enum HostViewKind {
 }
 
 /// The report of one window.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct WindowReport {
     pub window: Window,
     pub application: LayerStats,
@@ -221,6 +221,10 @@ pub struct WindowReport {
     pub host_cache: HostCacheStats,
     /// `None` without the guest's cache size or a view of the host's.
     pub double_cached: Option<DoubleCached>,
+    /// Layers not traced in this window (reported as zeros, and no ratio
+    /// uses them).
+    #[serde(default)]
+    pub absent_layers: Vec<Layer>,
 }
 
 /// The report of `window` from the records of every layer (records outside
@@ -245,8 +249,50 @@ pub fn report_with_application(
     facts: &CacheFacts,
     block_bytes: u64,
 ) -> WindowReport {
-    let virtual_disk = layer_stats(window, records, Layer::VirtualDisk);
     let physical_device = layer_stats(window, records, Layer::PhysicalDevice);
+    report_from_layers(
+        window,
+        LayerTotals {
+            application: Some(application),
+            physical_device: Some(physical_device),
+        },
+        records,
+        facts,
+        block_bytes,
+    )
+}
+
+/// The layers known only as totals (counters), or not at all (`None`):
+/// an absent layer is reported as zeros, listed in
+/// [`WindowReport::absent_layers`], and every ratio that needs it is
+/// `None` (a layer not seen is not a layer that saw nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LayerTotals {
+    pub application: Option<LayerStats>,
+    pub physical_device: Option<LayerStats>,
+}
+
+/// As [`report`], with the application and physical layers given as
+/// totals or absent (e.g. the host device's `/sys/block/*/stat` deltas,
+/// [`crate::physical`], and no guest agent); only the virtual disk's
+/// records are read from `records`.
+pub fn report_from_layers(
+    window: Window,
+    totals: LayerTotals,
+    records: &[IoRecord],
+    facts: &CacheFacts,
+    block_bytes: u64,
+) -> WindowReport {
+    let mut absent_layers = Vec::new();
+    if totals.application.is_none() {
+        absent_layers.push(Layer::Application);
+    }
+    if totals.physical_device.is_none() {
+        absent_layers.push(Layer::PhysicalDevice);
+    }
+    let application = totals.application.unwrap_or_default();
+    let physical_device = totals.physical_device.unwrap_or_default();
+    let virtual_disk = layer_stats(window, records, Layer::VirtualDisk);
 
     let operations = application.requests();
     let per_op = |stats: &LayerStats| PerOperation {
@@ -259,7 +305,8 @@ pub fn report_with_application(
         physical_device: per_op(&physical_device),
     });
 
-    let guest_amplification = ratio(virtual_disk.read_bytes, application.read_bytes);
+    let guest_amplification = ratio(virtual_disk.read_bytes, application.read_bytes)
+        .filter(|_| totals.application.is_some());
     let guest_cache = GuestCacheStats {
         hit_ratio: guest_amplification.map(|a| (1.0 - a).max(0.0)),
         read_amplification: guest_amplification,
@@ -273,7 +320,8 @@ pub fn report_with_application(
                 .map(|cached| (r.bytes, cached.min(r.bytes)))
         })
         .fold((0, 0), |(read, cached), (r, c)| (read + r, cached + c));
-    let host_amplification = ratio(physical_device.read_bytes, virtual_disk.read_bytes);
+    let host_amplification = ratio(physical_device.read_bytes, virtual_disk.read_bytes)
+        .filter(|_| totals.physical_device.is_some());
     let host_cache = HostCacheStats {
         hit_ratio: host_amplification.map(|a| (1.0 - a).max(0.0)),
         read_amplification: host_amplification,
@@ -291,6 +339,7 @@ pub fn report_with_application(
         guest_cache,
         host_cache,
         double_cached,
+        absent_layers,
     }
 }
 
@@ -527,6 +576,39 @@ mod tests {
             window_report.application.average_read_bytes,
             Some(16.0 * 1024.0)
         );
+    }
+
+    #[test]
+    fn absent_layers_give_no_ratios() {
+        let records = [read(Layer::VirtualDisk, 1_100, 0, 16 * KIB)];
+        let physical = LayerStats::from_counters(4 * KIB, 0, 1, 0);
+        let totals = LayerTotals {
+            application: None,
+            physical_device: Some(physical),
+        };
+        let window_report =
+            report_from_layers(WINDOW, totals, &records, &CacheFacts::default(), BLOCK);
+        assert_eq!(window_report.absent_layers, [Layer::Application]);
+        assert_eq!(window_report.guest_cache.hit_ratio, None);
+        assert_eq!(window_report.per_application_operation, None);
+        assert_eq!(window_report.host_cache.hit_ratio, Some(0.75));
+        assert_eq!(window_report.physical_device.read_requests, 1);
+        // Without the physical layer, no host ratio from the layers.
+        let window_report = report_from_layers(
+            WINDOW,
+            LayerTotals::default(),
+            &records,
+            &CacheFacts::default(),
+            BLOCK,
+        );
+        assert_eq!(
+            window_report.absent_layers,
+            [Layer::Application, Layer::PhysicalDevice]
+        );
+        assert_eq!(window_report.host_cache.hit_ratio, None);
+        let json = serde_json::to_string(&window_report).unwrap();
+        let back: WindowReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, window_report);
     }
 
     #[test]

@@ -11,10 +11,13 @@
 //! - [`layers`]: the report of a traced window, layer by layer (application,
 //!   virtual disk, physical device), the cache hit ratios that follow, and
 //!   the bytes cached twice;
+//! - [`physical`]: the host block device under an image and its
+//!   `/sys/block/*/stat` counters, the physical layer;
 //! - [`advisor`]: guest memory, buffered or direct I/O, guest swap and the
 //!   disk's cache mode, from a report and a reuse profile.
 
 pub mod advisor;
 pub mod host_cache;
 pub mod layers;
+pub mod physical;
 pub mod reuse;
