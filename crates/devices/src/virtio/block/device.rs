@@ -49,7 +49,8 @@ use super::request::{
 };
 use super::stats::{now_ns, DiskStats, RequestRecord, StageTimes};
 use super::sticky::StickyFlush;
-use super::{BlockConfig, BlockError, SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
+use super::trace::{self, DiskTracer};
+use super::{BlockConfig, BlockError, CacheMode, SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
 use crate::affinity::CpuSet;
 use crate::virtio::lifecycle::{self, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop};
 use crate::virtio::worker::{EpollLoop, WorkerHandler};
@@ -117,6 +118,8 @@ pub struct Block {
     rings: Arc<dyn RingSetup>,
     /// The statistics of `vm.counters`, a share per queue.
     stats: Arc<DiskStats>,
+    /// The I/O tracer's virtual-disk layer (`ctl iotrace`).
+    tracer: Arc<DiskTracer>,
     errors: Arc<DiskErrors>,
     lifecycle: DeviceLifecycle<EpollLoop<QueueHandler>>,
 }
@@ -221,6 +224,10 @@ impl Block {
             block.queue_sizes.len(),
             block.config.queue_size,
         );
+        block.tracer = Arc::new(DiskTracer::new(
+            Some(block.config.path.clone()),
+            block.config.cache,
+        ));
         block.file = Some(disk);
         Ok(block)
     }
@@ -267,6 +274,7 @@ impl Block {
             engine_fallback: None,
             rings: Arc::new(KernelRings),
             stats: Arc::new(DiskStats::with_syncs(usize::from(num_queues), syncs)),
+            tracer: Arc::new(DiskTracer::new(None, CacheMode::None)),
             errors: Arc::new(DiskErrors::default()),
             lifecycle: DeviceLifecycle::default(),
         };
@@ -339,6 +347,11 @@ impl Block {
     /// keeps this to read them and set histogram boundaries.
     pub fn stats(&self) -> Arc<DiskStats> {
         self.stats.clone()
+    }
+
+    /// Its I/O tracer (off until started), for the VMM's `vm.iotrace`.
+    pub fn tracer(&self) -> Arc<DiskTracer> {
+        self.tracer.clone()
     }
 }
 
@@ -514,6 +527,7 @@ impl QueueDevice for Block {
                 errors: self.errors.clone(),
                 in_flight: 0,
                 stats: self.stats.clone(),
+                tracer: self.tracer.clone(),
                 finished: Vec::new(),
                 interrupt: queues.interrupt.clone(),
             };
@@ -671,6 +685,8 @@ struct InFlight {
     /// Its chain, kept to run it again if its error policy holds it.
     chain: DescriptorChain<Arc<GuestMemoryMmap>>,
     times: StageTimes,
+    /// Its trace, while the disk is traced.
+    trace: Option<trace::Pending>,
     /// It holds the disk's direct gate until its completion is reaped.
     gated: bool,
 }
@@ -698,9 +714,11 @@ pub(crate) struct QueueHandler {
     /// ones included), for the statistics' in-flight count at a reset.
     in_flight: usize,
     stats: Arc<DiskStats>,
+    tracer: Arc<DiskTracer>,
     /// The requests put in the used ring since the last interrupt
-    /// decision, counted once it is made (reused, not reallocated).
-    finished: Vec<RequestRecord>,
+    /// decision, counted (and traced) once it is made (reused, not
+    /// reallocated).
+    finished: Vec<(RequestRecord, Option<trace::Pending>)>,
     interrupt: Arc<dyn VirtioInterrupt>,
 }
 
@@ -757,21 +775,29 @@ impl QueueHandler {
         let again = chain.clone();
         let (shared, mem) = (self.shared.clone(), self.mem.clone());
         let ctx = shared.ctx();
+        let trace = self.tracer.current().map(trace::Pending::new);
         // What completes without an engine is "submitted" as it starts.
         times.submit = now_ns();
         match begin(chain, &mem, &ctx) {
-            Started::Done(processed) => self.complete(head, again, processed, times),
+            Started::Done(processed) => self.complete(head, again, processed, times, trace),
             Started::Io(io, op) => {
                 let request = InFlight {
                     io,
                     chain: again,
                     times,
+                    trace,
                     gated: false,
                 };
                 self.submit_to_host(head, request, op);
                 false
             }
-            Started::Alone(request) => self.run_alone(head, again, request, &ctx, times),
+            Started::Alone(request) => {
+                let trace = trace.map(|mut t| {
+                    t.running_alone(request.sector << SECTOR_SHIFT);
+                    t
+                });
+                self.run_alone(head, again, request, &ctx, times, trace)
+            }
         }
     }
 
@@ -785,6 +811,9 @@ impl QueueHandler {
         {
             gate.enter_direct();
             request.gated = true;
+        }
+        if let Some(trace) = &mut request.trace {
+            trace.submitting(&op);
         }
         request.times.submit = now_ns();
         match self.pending.get_mut(usize::from(head)) {
@@ -818,7 +847,13 @@ impl QueueHandler {
         let processed = request
             .io
             .finish(done.op, done.result, &self.mem, &shared.ctx());
-        self.complete(done.token, request.chain, processed, request.times)
+        self.complete(
+            done.token,
+            request.chain,
+            processed,
+            request.times,
+            request.trace,
+        )
     }
 
     /// A request's host part is over: holds it if its error policy says
@@ -830,6 +865,7 @@ impl QueueHandler {
         chain: DescriptorChain<Arc<GuestMemoryMmap>>,
         processed: Processed,
         mut times: StageTimes,
+        trace: Option<trace::Pending>,
     ) -> bool {
         if let Some(cause) = processed.completion.hold {
             self.hold(chain, times.kick, cause);
@@ -837,12 +873,13 @@ impl QueueHandler {
         }
         times.complete = now_ns();
         self.in_flight = self.in_flight.saturating_sub(1);
-        self.finished.push(RequestRecord {
+        let record = RequestRecord {
             kind: processed.kind,
             outcome: processed.outcome,
             bytes: processed.bytes,
             times,
-        });
+        };
+        self.finished.push((record, trace));
         match self
             .queue
             .add_used(&*self.mem, head, processed.completion.used_len)
@@ -898,9 +935,12 @@ impl QueueHandler {
             }
         }
         let interrupt = now_ns();
-        for mut record in self.finished.drain(..) {
+        for (mut record, trace) in self.finished.drain(..) {
             record.times.interrupt = interrupt;
             self.stats.completed(self.index, &record);
+            if let Some(trace) = trace {
+                trace.record(self.index, &record);
+            }
         }
     }
 
@@ -926,6 +966,7 @@ impl QueueHandler {
         request: Request<'_>,
         ctx: &RequestContext,
         mut times: StageTimes,
+        trace: Option<trace::Pending>,
     ) -> bool {
         let mut added = false;
         self.engine.kick();
@@ -942,7 +983,7 @@ impl QueueHandler {
             .get_or_insert_with(|| AlignedBuf::new(SCRATCH_LEN));
         times.submit = now_ns();
         let processed = request.execute_counted(&self.mem, ctx, scratch);
-        added |= self.complete(head, chain, processed, times);
+        added |= self.complete(head, chain, processed, times, trace);
         added
     }
 

@@ -21,6 +21,8 @@
 //!   access through the page cache;
 //! - [`lock`]: image locking in QEMU's byte-lock scheme;
 //! - [`sticky`]: a failed flush fails every later one;
+//! - [`trace`]: the I/O tracer's virtual-disk layer (docs/iotrace.md):
+//!   each completed request recorded while the disk is traced;
 //! - [`error_policy`]: `werror=`/`rerror=`, what a host I/O error does.
 //!
 //! The VMM builds a disk from `--disk` text with
@@ -51,6 +53,7 @@ pub mod lock;
 pub mod request;
 pub mod stats;
 pub mod sticky;
+pub mod trace;
 
 #[cfg(test)]
 mod engine_tests;
@@ -81,6 +84,7 @@ pub use request::{
     RequestType,
 };
 pub use stats::{now_ns, DiskStats, RequestRecord, StageTimes, SyncStats};
+pub use trace::{DiskTracer, TraceError, TraceRecord, TraceSession, TRACE_CAPACITY};
 
 /// Bytes in a virtio-blk sector: offsets and the capacity are counted in
 /// these whatever the block size.

@@ -1963,3 +1963,63 @@ fn werror_stop_holds_a_failed_write_until_the_retry_and_rerror_report_fails_read
     assert_eq!(stops.lock().unwrap().len(), 1);
     block.reset();
 }
+
+#[test]
+fn a_traced_disk_records_each_request_with_its_offset_and_host_cache() {
+    let image = TempImage::new(&pattern(64 * 1024, 3));
+    let mut block = Block::new(image.config()).unwrap();
+    let mem = guest_memory();
+    let acked = block.device_features();
+    let tracer = block.tracer();
+    let mut d = Driver::start(&mut block, &mem, acked);
+    // Before the start: not traced.
+    put_header(&mem, HDR, VIRTIO_BLK_T_IN, 0);
+    d.offer(&[r(HDR, 16), w(DATA, 512), w(STATUS, 1)]);
+    d.kick();
+    d.wait_used(1);
+    let session = tracer.start(16).unwrap();
+    assert!(session.probes_host_cache(), "{:?}", session.probe_error());
+    put_header(&mem, HDR + 16, VIRTIO_BLK_T_OUT, 8);
+    put_header(&mem, HDR + 32, VIRTIO_BLK_T_IN, 8);
+    put_header(&mem, HDR + 48, VIRTIO_BLK_T_FLUSH, 0);
+    d.offer(&[r(HDR + 16, 16), r(DATA, 4096), w(STATUS + 1, 1)]);
+    d.kick();
+    d.wait_used(2);
+    d.offer(&[r(HDR + 32, 16), w(DATA2, 2048), w(STATUS + 2, 1)]);
+    d.offer(&[r(HDR + 48, 16), w(STATUS + 3, 1)]);
+    d.kick();
+    d.wait_used(4);
+    // Recorded right after the interrupt decision, on the queue thread.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while session.records().len() < 3 {
+        assert!(Instant::now() < deadline, "{:?}", session.records());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let stopped = tracer.stop().unwrap();
+    let records = stopped.records();
+    assert_eq!(records.len(), 3, "{records:?}");
+    let kinds: Vec<_> = records.iter().map(|r| r.kind).collect();
+    assert_eq!(
+        kinds,
+        [RequestKind::Write, RequestKind::Read, RequestKind::Flush]
+    );
+    let (write, read) = (records[0], records[1]);
+    assert_eq!(
+        (write.offset, write.bytes, write.ok),
+        (Some(4096), 4096, true)
+    );
+    assert_eq!(write.host_cached_bytes, None, "only reads are probed");
+    assert_eq!((read.offset, read.bytes), (Some(4096), 2048));
+    // The image was just written through the host page cache: resident.
+    assert_eq!(read.host_cached_bytes, Some(2048));
+    assert!(read.stages_ns[2] > 0, "submit → complete: {read:?}");
+    assert!(read.time_ns >= stopped.started_ns());
+    assert_eq!(stopped.dropped(), 0);
+    // Stopped: nothing more is recorded.
+    put_header(&mem, HDR, VIRTIO_BLK_T_IN, 0);
+    d.offer(&[r(HDR, 16), w(DATA, 512), w(STATUS, 1)]);
+    d.kick();
+    d.wait_used(5);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(stopped.records().len(), 3);
+}
