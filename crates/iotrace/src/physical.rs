@@ -100,12 +100,12 @@ impl BlockDevice {
 
 /// `gnu_dev_major`'s encoding of `dev_t`.
 fn dev_major(dev: u64) -> u64 {
-    ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff)
+    ((dev >> 8) & 0xfff) | ((dev >> 32) & 0xffff_f000)
 }
 
 /// `gnu_dev_minor`'s.
 fn dev_minor(dev: u64) -> u64 {
-    (dev & 0xff) | ((dev >> 12) & !0xff)
+    (dev & 0xff) | ((dev >> 12) & 0xffff_ff00)
 }
 
 /// A block device's cumulative counters (Documentation/block/stat.rst),
@@ -225,12 +225,15 @@ mod tests {
 
     #[test]
     fn dev_t_splits_as_glibc_does() {
-        // makedev(259, 65538): major above 255, minor above 65535.
-        let dev: u64 = ((259 & 0xfff) << 8)
-            | ((259 & !0xfff) << 32)
-            | (65538 & 0xff)
-            | ((65538 & !0xff) << 12);
-        assert_eq!((dev_major(dev), dev_minor(dev)), (259, 65538));
+        // glibc's makedev, for a major above 4095 and a minor above 65535.
+        let makedev = |major: u64, minor: u64| {
+            ((major & 0xfff) << 8)
+                | ((major & !0xfff) << 32)
+                | (minor & 0xff)
+                | ((minor & !0xff) << 12)
+        };
+        let dev = makedev(4100, 65538);
+        assert_eq!((dev_major(dev), dev_minor(dev)), (4100, 65538));
         assert_eq!((dev_major(0x0801), dev_minor(0x0801)), (8, 1));
     }
 
