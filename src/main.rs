@@ -252,6 +252,24 @@ enum CtlCommandArg {
         #[arg(long, value_name = "LIST", value_parser = parse_choice::<api::Boundaries>)]
         boundaries: Option<api::Boundaries>,
     },
+    /// Trace a disk's I/O layer by layer: the virtual disk's requests and
+    /// the host page cache's share of its reads, the host device under
+    /// the image (docs/iotrace.md). `stop` and `report` print the window's
+    /// report (a table, or the API's JSON).
+    Iotrace {
+        #[arg(value_enum)]
+        action: IoTraceActionArg,
+        /// The disk's id (default: the VM's only disk).
+        #[arg(long, value_name = "ID")]
+        disk: Option<String>,
+        /// Print the API's JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// start only: write the window's records to this file as JSON
+        /// lines at the stop (relative paths are made absolute here).
+        #[arg(long, value_name = "PATH")]
+        trace_file: Option<PathBuf>,
+    },
     /// Save the whole VM to a file (pausing it meanwhile); `run --restore
     /// FILE` continues it (docs/snapshot.md).
     Snapshot {
@@ -260,6 +278,24 @@ enum CtlCommandArg {
         #[arg(long, value_name = "FILE")]
         path: PathBuf,
     },
+}
+
+/// `ctl iotrace`'s actions.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum IoTraceActionArg {
+    Start,
+    Stop,
+    Report,
+}
+
+impl From<IoTraceActionArg> for api::IoTraceAction {
+    fn from(action: IoTraceActionArg) -> Self {
+        match action {
+            IoTraceActionArg::Start => api::IoTraceAction::Start,
+            IoTraceActionArg::Stop => api::IoTraceAction::Stop,
+            IoTraceActionArg::Report => api::IoTraceAction::Report,
+        }
+    }
 }
 
 /// A memory size on the command line (parsed like --memory).
@@ -489,6 +525,35 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
                 let report = vmm::counters::wire::from_json(&value)
                     .map_err(|e| format!("bad counters report: {e}"))?;
                 print!("{}", vmm::counters::table::render(&report));
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        CtlCommandArg::Iotrace {
+            action,
+            disk,
+            json,
+            trace_file,
+        } => {
+            let action = api::IoTraceAction::from(action);
+            if trace_file.is_some() && action != api::IoTraceAction::Start {
+                return Err("ctl iotrace: --trace-file is given with start".into());
+            }
+            let trace_file = match trace_file {
+                Some(path) => Some(absolute_utf8(&path)?),
+                None => None,
+            };
+            let command = api::CtlCommand::IoTrace(api::IoTraceRequest {
+                action,
+                disk,
+                trace_file,
+            });
+            let output = api::run_ctl(&args.api_socket, &command).map_err(|e| e.to_string())?;
+            if json || action == api::IoTraceAction::Start {
+                println!("{output}");
+            } else {
+                let report: vmm::iotrace::IoTraceReport = serde_json::from_str(&output)
+                    .map_err(|e| format!("bad iotrace report: {e}"))?;
+                print!("{}", vmm::iotrace::table::render(&report));
             }
             return Ok(ExitCode::SUCCESS);
         }

@@ -208,6 +208,36 @@ pub enum ApiAction {
     /// Set a disk's latency histogram boundaries (QEMU's
     /// `block-latency-histogram-set`); answered with [`ApiResponse::Empty`].
     LatencyHistogramSet(LatencyHistogramRequest),
+    /// Start, stop or report a disk's I/O trace (docs/iotrace.md):
+    /// start is answered with [`ApiResponse::Empty`], stop and report with
+    /// [`ApiResponse::IoTrace`] (the window's report).
+    IoTraceSet(IoTraceRequest),
+    /// Every disk and whether it is traced; answered with
+    /// [`ApiResponse::IoTrace`].
+    IoTraceInfo,
+}
+
+/// What `PUT /api/v1/vm.iotrace` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IoTraceAction {
+    Start,
+    Stop,
+    Report,
+}
+
+/// Body of `PUT /api/v1/vm.iotrace`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IoTraceRequest {
+    pub action: IoTraceAction,
+    /// The disk's id (default: the VM's only disk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<String>,
+    /// Start only: where the records go as JSON lines at the stop (a path
+    /// as the VMM sees it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_file: Option<String>,
 }
 
 /// Body of `PUT /api/v1/vm.latency-histogram`.
@@ -382,6 +412,9 @@ pub enum ApiResponse {
     /// Answer to [`ApiAction::Counters`] (docs/devices.md lists the
     /// fields).
     Counters(serde_json::Value),
+    /// Answer to [`ApiAction::IoTraceSet`] (stop, report) and
+    /// [`ApiAction::IoTraceInfo`] (docs/iotrace.md lists the fields).
+    IoTrace(serde_json::Value),
 }
 
 /// Refusal or failure of an [`ApiAction`], carrying the HTTP status to send.

@@ -12,8 +12,9 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use crate::action::{
-    ApiAction, BalloonTarget, DisplaySettings, DumpRequest, ErrorBody, LatencyHistogramRequest,
-    MigrateRequest, MmuSettings, SnapshotRequest, SptPages,
+    ApiAction, BalloonTarget, DisplaySettings, DumpRequest, ErrorBody, IoTraceAction,
+    IoTraceRequest, LatencyHistogramRequest, MigrateRequest, MmuSettings, SnapshotRequest,
+    SptPages,
 };
 use crate::http::{self, is_timeout, parse_response_head, read_more, write_all_by};
 use crate::Error;
@@ -226,6 +227,8 @@ pub enum CtlCommand {
     Counters,
     /// Set a disk's latency histogram boundaries.
     LatencyHistogramSet(LatencyHistogramRequest),
+    /// Start, stop or report a disk's I/O trace.
+    IoTrace(IoTraceRequest),
 }
 
 impl CtlCommand {
@@ -261,6 +264,7 @@ impl CtlCommand {
             CtlCommand::Dump(_) => "dump",
             CtlCommand::Isolation => "isolation",
             CtlCommand::Counters | CtlCommand::LatencyHistogramSet(_) => "counters",
+            CtlCommand::IoTrace(_) => "iotrace",
         }
     }
 
@@ -287,6 +291,7 @@ impl CtlCommand {
             CtlCommand::Isolation => ApiAction::IsolationInfo,
             CtlCommand::Counters => ApiAction::Counters,
             CtlCommand::LatencyHistogramSet(request) => ApiAction::LatencyHistogramSet(request),
+            CtlCommand::IoTrace(request) => ApiAction::IoTraceSet(request),
         }
     }
 
@@ -311,6 +316,10 @@ impl CtlCommand {
             CtlCommand::Isolation => "no isolation report returned",
             CtlCommand::Counters => "no counters returned",
             CtlCommand::LatencyHistogramSet(_) => "latency histogram set",
+            CtlCommand::IoTrace(request) => match request.action {
+                IoTraceAction::Start => "tracing started",
+                IoTraceAction::Stop | IoTraceAction::Report => "no report returned",
+            },
         }
     }
 }

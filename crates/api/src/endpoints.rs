@@ -176,6 +176,8 @@ routes! {
     Get "/api/v1/vm.isolation" => IsolationInfo;
     Get "/api/v1/vm.counters" => Counters;
     Put "/api/v1/vm.latency-histogram" => LatencyHistogramSet(request);
+    Get "/api/v1/vm.iotrace"  => IoTraceInfo;
+    Put "/api/v1/vm.iotrace"  => IoTraceSet(request);
 }
 
 /// Result of looking a request up in [`ROUTES`].
@@ -267,6 +269,12 @@ mod tests {
                 id: "disk0".into(),
                 histogram: Some(crate::action::LatencyHistogram::Flush),
                 boundaries: Some("10us,1ms".parse().unwrap()),
+            }),
+            ApiAction::IoTraceInfo,
+            ApiAction::IoTraceSet(crate::action::IoTraceRequest {
+                action: crate::action::IoTraceAction::Start,
+                disk: Some("data".into()),
+                trace_file: Some("/tmp/trace.jsonl".into()),
             }),
         ];
         assert_eq!(actions.len(), ROUTES.len());

@@ -52,9 +52,10 @@ use std::time::Duration;
 
 pub use action::{
     ApiAction, ApiError, ApiResponse, BalloonInfo, BalloonTarget, Boundaries, DeviceInfo,
-    DirtyMethod, DisplaySettings, DumpInfo, DumpRequest, ErrorBody, HostThread, LatencyHistogram,
-    LatencyHistogramRequest, MemoryBacking, MigrateRequest, MigrationMode, MmuInfo, MmuSettings,
-    RefreshMode, SnapshotRequest, SptPages, VcpuThread, VmController, VmInfo, VmState, VmmVersion,
+    DirtyMethod, DisplaySettings, DumpInfo, DumpRequest, ErrorBody, HostThread, IoTraceAction,
+    IoTraceRequest, LatencyHistogram, LatencyHistogramRequest, MemoryBacking, MigrateRequest,
+    MigrationMode, MmuInfo, MmuSettings, RefreshMode, SnapshotRequest, SptPages, VcpuThread,
+    VmController, VmInfo, VmState, VmmVersion,
 };
 pub use client::{run_ctl, CtlCommand};
 pub use server::{ApiServer, ServerOptions};

@@ -127,6 +127,9 @@ impl VmController for FakeVmm {
             ApiAction::IsolationInfo => Ok(ApiResponse::Isolation(
                 serde_json::json!({"verdict": "needs_pinning"}),
             )),
+            ApiAction::IoTraceInfo | ApiAction::IoTraceSet(_) => {
+                Ok(ApiResponse::IoTrace(serde_json::json!([])))
+            }
             ApiAction::Counters => Ok(ApiResponse::Counters(
                 serde_json::json!({"net0": {"rx_frames": 1}}),
             )),

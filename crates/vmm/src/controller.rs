@@ -479,8 +479,48 @@ impl VmController for VmControl {
                 .set_histogram(&request.id, request.histogram, request.boundaries.as_ref())
                 .map(|()| ApiResponse::Empty)
                 .map_err(|e| ApiError::bad_request(e.to_string())),
+            ApiAction::IoTraceSet(request) => self.iotrace(request),
+            ApiAction::IoTraceInfo => to_json(&self.vm.iotrace.status()).map(ApiResponse::IoTrace),
         }
     }
+}
+
+impl VmControl {
+    /// `PUT vm.iotrace`: start (nothing to answer), stop and report (the
+    /// window's report).
+    fn iotrace(&self, request: api::IoTraceRequest) -> Result<ApiResponse, ApiError> {
+        use crate::iotrace::IoTraceError;
+        let trace = &self.vm.iotrace;
+        let disk = request.disk.as_deref();
+        let refused = |e: IoTraceError| match e {
+            IoTraceError::AlreadyTraced(_) | IoTraceError::NotTraced(_) => {
+                ApiError::conflict(e.to_string())
+            }
+            _ => ApiError::bad_request(e.to_string()),
+        };
+        if request.trace_file.is_some() && request.action != api::IoTraceAction::Start {
+            return Err(ApiError::bad_request(
+                "trace_file is given at the start of a trace",
+            ));
+        }
+        let report = match request.action {
+            api::IoTraceAction::Start => {
+                return trace
+                    .start(disk, request.trace_file.as_deref())
+                    .map(|()| ApiResponse::Empty)
+                    .map_err(refused)
+            }
+            api::IoTraceAction::Stop => trace.stop(disk),
+            api::IoTraceAction::Report => trace.report(disk),
+        };
+        to_json(&report.map_err(refused)?).map(ApiResponse::IoTrace)
+    }
+}
+
+/// A serializable answer as JSON.
+fn to_json<T: serde::Serialize>(value: &T) -> Result<serde_json::Value, ApiError> {
+    serde_json::to_value(value)
+        .map_err(|e| ApiError::internal(format!("cannot encode the answer: {e}")))
 }
 
 /// Serves the API on `path` until the returned server is dropped.

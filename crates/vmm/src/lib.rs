@@ -38,6 +38,7 @@ pub mod disks;
 pub mod display;
 pub mod dump;
 pub mod event;
+pub mod iotrace;
 pub mod isolation;
 pub mod memory;
 pub mod metrics;

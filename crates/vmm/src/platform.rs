@@ -408,6 +408,8 @@ pub struct VirtioDevices {
     pub inputs: Vec<Arc<InputControl>>,
     /// Disks and network devices by id.
     pub counted: Vec<(String, CountedDevice)>,
+    /// The disks' I/O tracers (vm.iotrace).
+    pub traceable: Vec<crate::iotrace::TraceableDisk>,
     /// The disk images, for flushing and locking around migrations.
     pub disks: crate::disks::Disks,
 }
@@ -438,6 +440,12 @@ pub fn create_virtio_devices(
         }
         out.counted
             .push((disk.id().to_string(), CountedDevice::Disk(disk.stats())));
+        out.traceable.push(crate::iotrace::TraceableDisk {
+            id: disk.id().to_string(),
+            tracer: disk.tracer(),
+            image: disk.config().path.clone(),
+            cache: disk.config().cache,
+        });
         blocks.push(disk);
     }
     out.disks = crate::disks::Disks::of(&blocks);

@@ -28,6 +28,7 @@ use crate::cpus::VcpuThreadIds;
 use crate::display::{default_inputs, layout_cmdline_word, DisplayMetrics, Framebuffer};
 use crate::dump::Inspector;
 use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
+use crate::iotrace::VmIoTrace;
 use crate::memory::backing::{self, Backing};
 use crate::memory::MemoryManager;
 use crate::metrics::{MetricsSink, MetricsSource, MetricsWriter};
@@ -64,6 +65,8 @@ pub struct Vm {
     pub inspector: Arc<Inspector>,
     /// Disks' and network devices' counters (vm.counters).
     pub counters: Arc<VmCounters>,
+    /// The disks' I/O tracer (vm.iotrace).
+    pub iotrace: Arc<VmIoTrace>,
 }
 
 impl Vm {
@@ -148,6 +151,7 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
             display: display.as_ref().map(|d| d.control()),
             balloon: virtio.balloon.clone(),
             counters: Arc::new(VmCounters::new(std::mem::take(&mut virtio.counted))),
+            iotrace: Arc::new(VmIoTrace::new(std::mem::take(&mut virtio.traceable))),
             disks: virtio.disks.clone(),
             pauser,
             inspector: inspector.clone(),
@@ -230,6 +234,7 @@ struct Parts {
     display: Option<Arc<DisplayControl>>,
     balloon: Option<Arc<BalloonControl>>,
     counters: Arc<VmCounters>,
+    iotrace: Arc<VmIoTrace>,
     disks: crate::disks::Disks,
     pauser: Arc<VcpuPauser>,
     inspector: Arc<Inspector>,
@@ -407,6 +412,7 @@ fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
         display,
         balloon,
         counters,
+        iotrace,
         disks,
         pauser,
         inspector,
@@ -473,6 +479,7 @@ fn assemble(config: &VmConfig, core: &Core, parts: Parts) -> Result<Vm, Error> {
         migrations,
         inspector,
         counters,
+        iotrace,
     })
 }
 
