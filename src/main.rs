@@ -494,10 +494,12 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
         CtlCommandArg::Display { dirty, refresh } => {
             api::CtlCommand::DisplaySet(api::DisplaySettings { dirty, refresh })
         }
-        CtlCommandArg::Snapshot { path } => api::CtlCommand::Snapshot(absolute_utf8(&path)?),
+        CtlCommandArg::Snapshot { path } => {
+            api::CtlCommand::Snapshot(absolute_utf8("--path", &path)?)
+        }
         CtlCommandArg::Migration => api::CtlCommand::Migration,
         CtlCommandArg::Dump { path } => api::CtlCommand::Dump(match path {
-            Some(path) => Some(absolute_utf8(&path)?),
+            Some(path) => Some(absolute_utf8("--path", &path)?),
             None => None,
         }),
         CtlCommandArg::Counters {
@@ -539,7 +541,7 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
                 return Err("ctl iotrace: --trace-file is given with start".into());
             }
             let trace_file = match trace_file {
-                Some(path) => Some(absolute_utf8(&path)?),
+                Some(path) => Some(absolute_utf8("--trace-file", &path)?),
                 None => None,
             };
             let command = api::CtlCommand::IoTrace(api::IoTraceRequest {
@@ -609,14 +611,15 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A `--path` made absolute (the VMM may run elsewhere), as UTF-8.
-fn absolute_utf8(path: &Path) -> Result<String, String> {
+/// A path option (`flag`) made absolute (the VMM may run elsewhere), as
+/// UTF-8.
+fn absolute_utf8(flag: &str, path: &Path) -> Result<String, String> {
     let absolute =
-        std::path::absolute(path).map_err(|e| format!("--path {}: {e}", path.display()))?;
+        std::path::absolute(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
     absolute
         .to_str()
         .map(String::from)
-        .ok_or_else(|| format!("--path {} is not UTF-8", absolute.display()))
+        .ok_or_else(|| format!("{flag} {} is not UTF-8", absolute.display()))
 }
 
 /// `tcp:HOST:PORT` → `HOST:PORT` (for --incoming).

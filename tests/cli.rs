@@ -547,3 +547,21 @@ fn a_disk_image_in_use_by_qemu_is_one_line_error() {
     let (code, _) = result.unwrap();
     assert_eq!(code, 125);
 }
+
+#[test]
+fn ctl_iotrace_mistakes_are_one_line_each() {
+    let ctl = |extra: &[&str], needle: &str| {
+        let mut args = vec!["ctl", "--api-socket", "/nonexistent/hk.sock", "iotrace"];
+        args.extend_from_slice(extra);
+        expect_error(&args, needle)
+    };
+    // Refused before any connection is tried.
+    ctl(&["begin"], "invalid value 'begin'");
+    ctl(
+        &["stop", "--trace-file", "/tmp/t.jsonl"],
+        "--trace-file is given with start",
+    );
+    ctl(&[], "<ACTION>");
+    // Well-formed: the socket is the only problem.
+    ctl(&["report", "--disk", "data"], "/nonexistent/hk.sock");
+}
