@@ -6,6 +6,7 @@ The benchmarks themselves need KVM and run through scripts/bench-*."""
 
 import argparse
 import io
+import json
 import os
 import re
 import signal
@@ -17,6 +18,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lib import CMDLINE, ROOT  # noqa: E402
 from lib.console import PipeReader  # noqa: E402
 from lib.environment import vmm_environment  # noqa: E402
+from lib.fio import Phase, disk_seen  # noqa: E402
+from lib.fio import figures as fio_figures  # noqa: E402
+from lib.fio import packed as fio_packed  # noqa: E402
+from lib.fio import script as fio_script  # noqa: E402
 from lib.initramfs import extract_from_cpio, newc_archive, with_program  # noqa: E402
 from lib.iperf3 import client_argv, parse_report, summarize  # noqa: E402
 from lib.memtouch import (DIRTY_DONE, DIRTY_READY, TOUCH_DONE, TOUCH_GUEST,  # noqa: E402
@@ -24,6 +29,7 @@ from lib.memtouch import (DIRTY_DONE, DIRTY_READY, TOUCH_DONE, TOUCH_GUEST,  # n
 from lib.options import PATHS, add_path_options, exit_status  # noqa: E402
 from lib.tables import (cell, fmt_range, fmt_ratio, md_command_lines, md_context,  # noqa: E402
                         md_environment, md_table, percentile, spread, stats, text_table)
+from lib.procstat import PhaseSampler, rss_apart_from_guest, thread_cpu  # noqa: E402
 from lib.vmm import Proc, run_to_end  # noqa: E402
 
 PY = sys.executable
@@ -226,6 +232,93 @@ def test_disk_stages():
     assert d["complete_to_interrupt"] == {"requests": 15, "ns": 12000}
     assert disk_stages(answer(1, 1), "disk1") is None
     assert disk_stages(None, "disk0") is None
+
+
+def fio_report(kind, io_bytes, runtime_ms, iops, bw_bytes, mean_ns, p99_ns):
+    """One line of the guest script's output: fio 3.33's JSON shape, trimmed."""
+    d = {"io_bytes": io_bytes, "runtime": runtime_ms, "iops": iops, "bw_bytes": bw_bytes,
+         "clat_ns": {"mean": mean_ns, "percentile": {"1.000000": 1, "99.000000": p99_ns}}}
+    other = {"io_bytes": 0, "runtime": 0, "iops": 0, "bw_bytes": 0,
+             "clat_ns": {"mean": 0, "percentile": {}}}
+    job = {"jobname": "x", "read": other, "write": other}
+    job[kind] = d
+    return json.dumps({"fio version": "fio-3.33", "jobs": [job]}, indent=1).replace("\n", "")
+
+
+def test_fio_script_and_figures():
+    phases = [Phase("randread-qd32", "read", ["--rw=randread", "--iodepth=32"]),
+              Phase("seqwrite", "write", ["--rw=write"], flush=True)]
+    sh = fio_script(phases, 512 << 20, ["echo tail"])
+    assert '= "1048576" ]' in sh and sh.endswith("echo tail")
+    assert "phase randread-qd32 job randread-qd32 --rw=randread --iodepth=32" in sh
+    # The flush is inside the write phase's markers.
+    assert "run_seqwrite() { job seqwrite --rw=write; flush seqwrite; }" in sh
+    assert "date +%s%N" in sh
+    # Packed for the command line: smaller, and the same script once unpacked.
+    import base64
+    import gzip
+    cmd = fio_packed(sh)
+    assert len(cmd) < len(sh) and cmd.endswith(" | base64 -d | gunzip | sh")
+    assert gzip.decompress(base64.b64decode(cmd.split()[1])).decode() == sh
+    out = ("noise\r\nhk-disk /dev/vdb queues=2\r\n"
+           "hk-fio randread-qd32 %s\r\nhk-flush seqwrite ns=500000000\r\n"
+           "hk-fio seqwrite %s\n" % (
+               fio_report("read", 4096 * 1000, 2000, 500.0, 2048000, 64000.0, 250000),
+               fio_report("write", 100 << 20, 1000, 100.0, 104857600, 9000000.0, 1)))
+    assert disk_seen(out) == ("/dev/vdb", 2)
+    f = fio_figures(out, phases)
+    assert f["randread-qd32"] == {"bytes": 4096000, "seconds": 2.0, "iops": 500.0,
+                                  "mbps": 2.048, "lat_mean_us": 64.0, "lat_p99_us": 250.0}
+    w = f["seqwrite"]
+    assert w["flush_s"] == 0.5 and w["mbps"] == 104.857600
+    assert abs(w["mbps_with_flush"] - 104.8576 / 1.5) < 1e-9
+    # A phase without its flush line or its report is missing, not zero.
+    assert list(fio_figures(out.replace("hk-flush", "x"), phases)) == ["randread-qd32"]
+    assert fio_figures("", phases) == {} and disk_seen("") is None
+    try:
+        fio_figures("hk-fio seqwrite {broken}\n", phases)
+        raise AssertionError("a broken report must raise")
+    except ValueError:
+        pass
+
+
+def test_procstat():
+    import mmap
+    # This process's CPU: burn some, the total grows; no vCPU threads here.
+    before = thread_cpu(os.getpid())
+    t = time.process_time()
+    while time.process_time() - t < 0.2:
+        pass
+    after = thread_cpu(os.getpid())
+    assert after[0] - before[0] >= 0.1 and after[1] == 0 == before[1]
+    # A 64 MiB mapping, touched: counted as "guest" above a 32 MiB threshold.
+    m = mmap.mmap(-1, 64 << 20)
+    for off in range(0, 64 << 20, 4096):
+        m[off] = 1
+    other, guest = rss_apart_from_guest(os.getpid(), 32 << 10)
+    assert guest >= 64 << 10 and other > 0
+    other2, guest2 = rss_apart_from_guest(os.getpid(), 1 << 30)
+    assert guest2 == 0 and other2 >= other + (64 << 10) - 1024
+    m.close()
+    assert thread_cpu(2 ** 22 + 12345) is None
+
+
+def test_phase_sampler():
+    # A process printing markers as a guest would: begin, work, end.
+    vm = Proc([PY, "-c", "import time\nprint('hk-phase begin burn', flush=True)\n"
+               "time.sleep(0.3)\nt = time.process_time()\n"
+               "while time.process_time() - t < 0.3: pass\n"
+               "print('hk-phase end burn', flush=True)\ntime.sleep(0.3)\n"
+               "print('hk-phase begin half', flush=True)\ntime.sleep(0.3)"], "fake")
+    sampler = PhaseSampler(1 << 30)
+    while vm.proc.poll() is None:
+        sampler.tick(vm)
+        time.sleep(0.05)
+    vm.proc.wait()
+    ph = sampler.phases()
+    assert list(ph) == ["burn"], ph  # "half" never ended
+    assert 0.2 <= ph["burn"]["device_cpu_s"] <= 0.6 and ph["burn"]["vcpu_cpu_s"] == 0
+    assert sampler.rss_kib()[0] > 0 and sampler.rss_kib()[1] == 0
 
 
 def main():

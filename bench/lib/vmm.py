@@ -70,12 +70,13 @@ class Proc:
         return "console: %r; stderr: %r" % (self.con.tail(400), self.stderr()[-600:])
 
 
-def run_to_end(argv, name, timeout, stalled=None):
+def run_to_end(argv, name, timeout, stalled=None, tick=None):
     """Runs a VMM (its console's input empty) to its end; a dict with its
     status, its output, times and its CPU time (user + system, all
     threads). At TIMEOUT seconds it gets SIGTERM, and SIGKILL 5 s later.
     STALLED, if given, is polled: a true value (a reason) stops it at once
-    the same way."""
+    the same way. TICK, if given, is called with the Proc at every poll
+    (every 50 ms) while the VMM runs (lib.procstat.PhaseSampler.tick)."""
     t0 = time.monotonic()
     vm = Proc(argv, name, stdin=subprocess.DEVNULL)
     proc = vm.proc
@@ -87,6 +88,8 @@ def run_to_end(argv, name, timeout, stalled=None):
         pid, wstatus, rusage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
+        if tick:
+            tick(vm)
         if not timed_out and stalled and not stall:
             stall = stalled()
             if stall:
