@@ -37,6 +37,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use devices::affinity::ThreadPlacement;
 use devices::virtio::block::engine::threads::ThreadsEngine;
 use devices::virtio::block::engine::uring::UringEngine;
 use devices::virtio::block::engine::{wait_for_completions, IoEngine, KernelRings};
@@ -115,7 +116,7 @@ fuzz_target!(|input: &[u8]| {
             };
             Some(match uring {
                 Some(uring) => Box::new(uring),
-                None => Box::new(ThreadsEngine::new("fuzz-io", 1, disk.shared(), None).unwrap()),
+                None => Box::new(ThreadsEngine::new("fuzz-io", 1, disk.shared(), ThreadPlacement::anywhere()).unwrap()),
             })
         }
     };

@@ -1,6 +1,7 @@
-//! Host CPU sets: which host CPUs a thread of the VMM may run on (`--cpus
+//! Where and how a thread of the VMM runs: host CPU sets (`--cpus
 //! affinity=`, a device's `iothread_affinity=`), in the kernel's list
-//! format (`2-5,8`), checked against the CPUs this process may use, and
+//! format (`2-5,8`), checked against the CPUs this process may use, and a
+//! device thread's scheduling policy (a disk's `iothread_sched=`), both
 //! applied by the thread itself.
 
 use std::fmt;
@@ -129,13 +130,99 @@ impl fmt::Display for CpuSet {
     }
 }
 
-/// A thread body that first pins itself to `affinity` (if any); a failure
-/// is logged: the CPUs were checked when the options were parsed, so it
-/// only happens if the host's CPUs changed since.
-pub fn pinned<T>(name: String, affinity: Option<CpuSet>, body: impl FnOnce() -> T) -> T {
-    if let Some(cpus) = &affinity {
+/// How the kernel schedules a device thread (`iothread_sched=`).
+///
+/// A disk's queue thread is woken by the guest's kick while the vCPU that
+/// kicked is still running. Under `other` (SCHED_OTHER, the kernel's
+/// default) the woken thread usually preempts that vCPU when they share a
+/// host CPU, so on a busy host the guest hands over one request per
+/// context switch. Under `batch` (SCHED_BATCH: same fair share, but no
+/// preemption on wake-up) the vCPU goes on queueing requests until it
+/// waits or its slice ends, and the thread takes them as one batch. On a
+/// host with an idle CPU for the thread the two are the same. Measured in
+/// the rig (one host CPU for everything, fio in the guest): 4 KiB random
+/// reads at queue depth 32 240 -> 3095 IOPS, 1 MiB sequential reads 146 ->
+/// 274 MB/s, queue depth 1 208 -> 185 IOPS (the kick now waits for the vCPU
+/// to halt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IoThreadSched {
+    /// SCHED_BATCH.
+    #[default]
+    Batch,
+    /// SCHED_OTHER.
+    Other,
+}
+
+impl IoThreadSched {
+    pub const NAMES: [&'static str; 2] = ["batch", "other"];
+
+    pub fn from_name(name: &str) -> Option<IoThreadSched> {
+        match name {
+            "batch" => Some(IoThreadSched::Batch),
+            "other" => Some(IoThreadSched::Other),
+            _ => None,
+        }
+    }
+
+    /// Sets this policy for the calling thread.
+    pub fn apply_to_this_thread(self) -> std::io::Result<()> {
+        let policy = match self {
+            IoThreadSched::Batch => libc::SCHED_BATCH,
+            IoThreadSched::Other => libc::SCHED_OTHER,
+        };
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: pid 0 is the calling thread; `param` is a valid
+        // sched_param that the kernel only reads.
+        if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for IoThreadSched {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IoThreadSched::Batch => "batch",
+            IoThreadSched::Other => "other",
+        })
+    }
+}
+
+/// Where and how a device thread runs: the host CPUs it pins itself to
+/// (anywhere when `None`) and its scheduling policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ThreadPlacement {
+    pub affinity: Option<CpuSet>,
+    pub sched: IoThreadSched,
+}
+
+impl ThreadPlacement {
+    /// The kernel's defaults: anywhere, SCHED_OTHER.
+    pub fn anywhere() -> ThreadPlacement {
+        ThreadPlacement {
+            affinity: None,
+            sched: IoThreadSched::Other,
+        }
+    }
+}
+
+/// A thread body that first places itself (pins itself to the CPUs, if
+/// any, and takes the policy); a failure is logged: the CPUs were checked
+/// when the options were parsed, so it only happens if the host's CPUs
+/// changed since, and a policy change is allowed to any thread.
+pub fn placed<T>(name: String, placement: ThreadPlacement, body: impl FnOnce() -> T) -> T {
+    if let Some(cpus) = &placement.affinity {
         if let Err(e) = cpus.pin_this_thread() {
             tracing::warn!("{name}: cannot pin to host CPUs {cpus}: {e}");
+        }
+    }
+    if placement.sched != IoThreadSched::Other {
+        if let Err(e) = placement.sched.apply_to_this_thread() {
+            tracing::warn!(
+                "{name}: cannot take scheduling policy {}: {e}",
+                placement.sched
+            );
         }
     }
     body()
@@ -144,6 +231,31 @@ pub fn pinned<T>(name: String, affinity: Option<CpuSet>, body: impl FnOnce() -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_placed_thread_takes_its_policy() {
+        let policy = |sched| {
+            let placement = ThreadPlacement {
+                affinity: None,
+                sched,
+            };
+            std::thread::spawn(move || {
+                placed("t".into(), placement, || {
+                    // SAFETY: asks for the calling thread's policy.
+                    unsafe { libc::sched_getscheduler(0) }
+                })
+            })
+            .join()
+            .unwrap()
+        };
+        assert_eq!(policy(IoThreadSched::Batch), libc::SCHED_BATCH);
+        assert_eq!(policy(IoThreadSched::Other), libc::SCHED_OTHER);
+        for name in IoThreadSched::NAMES {
+            let sched = IoThreadSched::from_name(name).unwrap();
+            assert_eq!(sched.to_string(), name);
+        }
+        assert_eq!(IoThreadSched::from_name("fifo"), None);
+    }
 
     #[test]
     fn sets_parse_and_print_as_the_kernel_does() {
@@ -173,9 +285,11 @@ mod tests {
             .contains("is not one hakoniwa may run on"));
         let expect = first.to_string();
         let seen = std::thread::spawn(move || {
-            pinned("t".into(), Some(first), || {
-                CpuSet::of_this_process().unwrap()
-            })
+            let placement = ThreadPlacement {
+                affinity: Some(first),
+                sched: IoThreadSched::Other,
+            };
+            placed("t".into(), placement, || CpuSet::of_this_process().unwrap())
         })
         .join()
         .unwrap();

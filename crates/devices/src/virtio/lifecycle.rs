@@ -38,7 +38,7 @@ use virtio_queue::QueueT;
 use super::device::{ActivateError, Activation, QueueEvents, VirtioDevice, VirtioInterrupt};
 use super::state::{DeviceState, QueuePosition, StateError};
 use super::worker::{Worker, WorkerLoop};
-use crate::affinity::CpuSet;
+use crate::affinity::{CpuSet, IoThreadSched, ThreadPlacement};
 use crate::GuestMemoryMmap;
 
 /// The body of a device's worker thread, as the lifecycle sees it: the
@@ -73,6 +73,12 @@ pub(crate) trait QueueDevice: VirtioDevice + Sized {
     /// anywhere by default.
     fn thread_affinity(&self) -> Option<CpuSet> {
         None
+    }
+
+    /// The device's threads' scheduling policy (`iothread_sched=`); the
+    /// kernel's default unless the device says otherwise.
+    fn thread_sched(&self) -> IoThreadSched {
+        IoThreadSched::Other
     }
 
     /// How many queues (the first ones, by index) a driver that accepted
@@ -281,7 +287,11 @@ fn install<D: QueueDevice>(
         if several {
             name.push_str(&i.to_string());
         }
-        workers.push(Worker::parked(name, body)?.with_affinity(device.thread_affinity()));
+        let placement = ThreadPlacement {
+            affinity: device.thread_affinity(),
+            sched: device.thread_sched(),
+        };
+        workers.push(Worker::parked(name, body)?.with_placement(placement));
     }
     device.lifecycle().workers = workers;
     Ok(())

@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::affinity::{pinned, CpuSet};
+use crate::affinity::{placed, ThreadPlacement};
 
 /// The body of a device thread.
 pub trait WorkerLoop: Send + 'static {
@@ -54,8 +54,8 @@ pub struct Worker<L: WorkerLoop> {
     name: String,
     stop: Arc<EventFd>,
     thread: Thread<L>,
-    /// The host CPUs the thread pins itself to each time it starts.
-    affinity: Option<CpuSet>,
+    /// Where and how the thread runs, applied each time it starts.
+    placement: ThreadPlacement,
 }
 
 impl<L: WorkerLoop> Worker<L> {
@@ -69,13 +69,13 @@ impl<L: WorkerLoop> Worker<L> {
             name,
             stop,
             thread: Thread::Parked(body),
-            affinity: None,
+            placement: ThreadPlacement::anywhere(),
         })
     }
 
-    /// Runs the thread on these host CPUs only (from its next start).
-    pub fn with_affinity(mut self, affinity: Option<CpuSet>) -> Worker<L> {
-        self.affinity = affinity;
+    /// Runs the thread so (from its next start).
+    pub fn with_placement(mut self, placement: ThreadPlacement) -> Worker<L> {
+        self.placement = placement;
         self
     }
 
@@ -119,11 +119,11 @@ impl<L: WorkerLoop> Worker<L> {
         match std::mem::replace(&mut self.thread, Thread::Lost) {
             Thread::Parked(mut body) => {
                 let stop = self.stop.clone();
-                let (name, affinity) = (self.name.clone(), self.affinity.clone());
+                let (name, placement) = (self.name.clone(), self.placement.clone());
                 let handle = std::thread::Builder::new()
                     .name(self.name.clone())
                     .spawn(move || {
-                        pinned(name, affinity, || {
+                        placed(name, placement, || {
                             body.run(&stop);
                             body
                         })

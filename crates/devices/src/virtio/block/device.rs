@@ -51,7 +51,7 @@ use super::stats::{now_ns, DiskStats, RequestRecord, StageTimes};
 use super::sticky::StickyFlush;
 use super::trace::{self, DiskTracer};
 use super::{BlockConfig, BlockError, CacheMode, SECTOR_SHIFT, SECTOR_SIZE, SERIAL_LEN};
-use crate::affinity::CpuSet;
+use crate::affinity::{CpuSet, IoThreadSched, ThreadPlacement};
 use crate::virtio::lifecycle::{self, ActiveQueues, DeviceLifecycle, QueueDevice, QueueLoop};
 use crate::virtio::worker::{EpollLoop, WorkerHandler};
 use crate::virtio::{
@@ -458,6 +458,10 @@ impl QueueDevice for Block {
         self.config.iothread_affinity.clone()
     }
 
+    fn thread_sched(&self) -> IoThreadSched {
+        self.config.iothread_sched
+    }
+
     /// Queue 0 is always there; a driver may use fewer queues than
     /// offered (Linux uses at most one per CPU).
     fn queues_needed(&self, _acked_features: u64) -> usize {
@@ -651,7 +655,10 @@ impl Block {
             io_name,
             THREADS_PER_QUEUE,
             self.backend.clone(),
-            self.thread_affinity(),
+            ThreadPlacement {
+                affinity: self.thread_affinity(),
+                sched: self.thread_sched(),
+            },
         )?))
     }
 }

@@ -68,7 +68,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::affinity::CpuSet;
+use crate::affinity::{CpuSet, IoThreadSched};
 use crate::options::{invalid, Options, OptionsError};
 use error_policy::{ErrorAction, ErrorPolicy};
 
@@ -140,7 +140,7 @@ impl fmt::Display for CacheMode {
 
 /// One `--disk path=FILE[,readonly=on][,cache=writeback|none|unsafe][,id=NAME]
 /// [,engine=io_uring|threads][,num_queues=N][,queue_size=N][,iothread_affinity=[..]]
-/// [,werror=report|stop][,rerror=report|stop]`.
+/// [,iothread_sched=batch|other][,werror=report|stop][,rerror=report|stop]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockConfig {
     /// The image: a regular file or a block device.
@@ -155,6 +155,9 @@ pub struct BlockConfig {
     /// The host CPUs the disk's queue and I/O threads run on
     /// (`iothread_affinity=[1-2]`); anywhere when absent.
     pub iothread_affinity: Option<CpuSet>,
+    /// The scheduling policy of those threads (`iothread_sched=`, batch by
+    /// default: see [`IoThreadSched`]).
+    pub iothread_sched: IoThreadSched,
     /// What host write and read errors do (`werror=`, `rerror=`).
     pub errors: ErrorPolicy,
     /// The I/O engine asked for; io_uring falls back to threads where the
@@ -176,6 +179,7 @@ impl BlockConfig {
             cache: CacheMode::Writeback,
             id: None,
             iothread_affinity: None,
+            iothread_sched: IoThreadSched::Batch,
             errors: ErrorPolicy::default(),
             engine: EngineKind::IoUring,
             num_queues: None,
@@ -213,6 +217,9 @@ impl BlockConfig {
             check_id(id)?;
         }
         let iothread_affinity = o.cpu_set("iothread_affinity")?;
+        let iothread_sched = o.choice("iothread_sched", &IoThreadSched::NAMES, "batch")?;
+        let iothread_sched =
+            IoThreadSched::from_name(iothread_sched).expect("choice() returns one of NAMES");
         let action = |name| ErrorAction::from_name(name).expect("choice() returns one of NAMES");
         let errors = ErrorPolicy {
             werror: action(o.choice("werror", &ErrorAction::NAMES, "report")?),
@@ -246,6 +253,7 @@ impl BlockConfig {
             cache,
             id,
             iothread_affinity,
+            iothread_sched,
             errors,
             engine,
             num_queues,

@@ -27,6 +27,7 @@ use super::io::open_error;
 use super::request::{Completion, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP};
 use super::test_support::{activate, counted};
 use super::*;
+use crate::affinity::IoThreadSched;
 use crate::options::OptionsError;
 use crate::virtio::state::testing::{at_saved_position, through_json};
 use crate::virtio::testing::{DriverQueue, RecordingInterrupt, D};
@@ -1632,6 +1633,7 @@ fn disk_options_parse() {
             cache: CacheMode::None,
             id: Some("root".into()),
             iothread_affinity: None,
+            iothread_sched: IoThreadSched::Batch,
             errors: Default::default(),
             engine: EngineKind::IoUring,
             num_queues: None,
@@ -1660,6 +1662,10 @@ fn disk_options_parse() {
         .unwrap_err()
         .to_string()
         .contains("option iothread_affinity=[x]: 'x' is not a host CPU"));
+    let c = BlockConfig::parse("a.img,iothread_sched=other").unwrap();
+    assert_eq!(c.iothread_sched, IoThreadSched::Other);
+    let e = BlockConfig::parse("a.img,iothread_sched=fifo").unwrap_err();
+    assert!(e.to_string().contains("iothread_sched"), "{e}");
     let c = BlockConfig::parse("disk.img").unwrap();
     assert_eq!(c, BlockConfig::new("disk.img"));
     assert_eq!(c.cache, CacheMode::Writeback);

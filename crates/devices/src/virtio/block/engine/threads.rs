@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{run_blocking, Done, EngineKind, IoEngine, IoOp};
-use crate::affinity::{pinned, CpuSet};
+use crate::affinity::{placed, ThreadPlacement};
 use crate::virtio::block::io::DiskBackend;
 
 /// Threads per queue: enough for a few requests at once per queue
@@ -32,12 +32,12 @@ pub struct ThreadsEngine {
 }
 
 impl ThreadsEngine {
-    /// Starts `threads` threads named `<name><i>` on `affinity`.
+    /// Starts `threads` threads named `<name><i>`, placed so.
     pub fn new(
         name: &str,
         threads: usize,
         disk: Arc<dyn DiskBackend>,
-        affinity: Option<CpuSet>,
+        placement: ThreadPlacement,
     ) -> io::Result<ThreadsEngine> {
         let done_evt = EventFd::new(EFD_NONBLOCK)?;
         let (job_tx, job_rx) = mpsc::channel::<(u16, IoOp)>();
@@ -60,10 +60,10 @@ impl ThreadsEngine {
                 done_evt: done_evt.try_clone()?,
                 abort: engine.abort.clone(),
             };
-            let (name, affinity) = (format!("{name}{i}"), affinity.clone());
+            let (name, placement) = (format!("{name}{i}"), placement.clone());
             let thread = std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || pinned(name, affinity, || worker.run()))?;
+                .spawn(move || placed(name, placement, || worker.run()))?;
             engine.threads.push(thread);
         }
         Ok(engine)
