@@ -30,24 +30,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::net::md5_hex;
-use common::{ctl, require_hardware_kvm, temp_socket, Vmm, PROMPT};
-
-/// Runs `script` with sh in L1 (the VMM's host); panics with its output
-/// if it fails. Returns stdout.
-fn host(script: &str) -> String {
-    let out = Command::new("sh").args(["-c", script]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{script}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::{ctl, host_sh, require_hardware_kvm, temp_socket, Vmm, PROMPT};
 
 /// dmsetup without udev (L1 runs none): it makes /dev/mapper's nodes itself.
 fn dmsetup(args: &str) {
-    host(&format!("DM_DISABLE_UDEV=1 dmsetup --noudevsync {args}"));
+    host_sh(&format!("DM_DISABLE_UDEV=1 dmsetup --noudevsync {args}"));
 }
 
 /// Sectors of every test device: 16 MiB.
@@ -65,8 +52,8 @@ impl DmDisk {
     /// `table` may use `{loop}` for the loop device.
     fn new(name: &str, table: &str) -> DmDisk {
         let file = format!("/tmp/hakoniwa-{name}-{}.img", std::process::id());
-        host(&format!("truncate -s {} {file}", SECTORS * 512));
-        let loop_dev = host(&format!("losetup --find --show {file}"))
+        host_sh(&format!("truncate -s {} {file}", SECTORS * 512));
+        let loop_dev = host_sh(&format!("losetup --find --show {file}"))
             .trim()
             .to_string();
         let name = format!("hk-{name}-{}", std::process::id());
@@ -120,7 +107,7 @@ impl DmDisk {
     /// cache forces; then the device is itself again.
     fn crash(&self, linear: &str) {
         self.swap_unsynced(&format!("0 {SECTORS} flakey {{loop}} 0 0 1 1 drop_writes"));
-        host(&format!(
+        host_sh(&format!(
             "blockdev --flushbufs {}; echo 3 > /proc/sys/vm/drop_caches",
             self.path()
         ));
@@ -150,7 +137,7 @@ struct SmallFs {
 impl SmallFs {
     fn new() -> SmallFs {
         let dir = format!("/tmp/hakoniwa-full-{}", std::process::id());
-        host(&format!(
+        host_sh(&format!(
             "mkdir -p {dir} && mount -t tmpfs -o size=4m tmpfs {dir} && truncate -s 16M {dir}/img"
         ));
         SmallFs { dir }
@@ -162,14 +149,14 @@ impl SmallFs {
 
     /// Fills the file system (dd stops at ENOSPC).
     fn fill(&self) {
-        host(&format!(
+        host_sh(&format!(
             "dd if=/dev/zero of={}/filler bs=64k 2>/dev/null; df -k {} | tail -1",
             self.dir, self.dir
         ));
     }
 
     fn free(&self) {
-        host(&format!("rm {}/filler", self.dir));
+        host_sh(&format!("rm {}/filler", self.dir));
     }
 }
 
@@ -259,7 +246,7 @@ fn host_read_errors_sticky_flushes_and_werror_stop_on_enospc() {
     flushes.reload(&format!("0 {SECTORS} error"));
     assert!(vmm.shell(write_sync).contains("rc=1"), "the failed flush");
     flushes.reload(&linear);
-    host(&format!(
+    host_sh(&format!(
         "dd if=/dev/zero of={} bs=4096 count=1 conv=fsync 2>/dev/null",
         flushes.path()
     ));
@@ -568,8 +555,8 @@ struct Loop4k {
 impl Loop4k {
     fn new(name: &str) -> Loop4k {
         let file = format!("/tmp/hakoniwa-{name}-{}.img", std::process::id());
-        host(&format!("truncate -s {} {file}", INTEGRITY_SECTORS * 512));
-        let dev = host(&format!("losetup --find --show --sector-size 4096 {file}"))
+        host_sh(&format!("truncate -s {} {file}", INTEGRITY_SECTORS * 512));
+        let dev = host_sh(&format!("losetup --find --show --sector-size 4096 {file}"))
             .trim()
             .to_string();
         Loop4k { dev, file }
@@ -715,7 +702,7 @@ fn random_writes_on_both_queues_survive_shutdown_and_kill_9_intact() {
         "/tmp/hakoniwa-integrity-writeback-{}.img",
         std::process::id()
     );
-    host(&format!(
+    host_sh(&format!(
         "truncate -s {} {writeback}",
         INTEGRITY_SECTORS * 512
     ));

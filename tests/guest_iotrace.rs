@@ -20,7 +20,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{ctl, require_hardware_kvm, temp_socket, Vmm, PROMPT};
+use common::{ctl, host_sh, require_hardware_kvm, temp_socket, Vmm, PROMPT};
 
 const MIB: u64 = 1 << 20;
 /// What the guest reads each time.
@@ -29,18 +29,6 @@ const READ_BYTES: u64 = 16 * MIB;
 /// max_sectors_kb is 1280 by default): the virtual disk may read up to
 /// one more than asked.
 const MAX_REQUEST: u64 = 1280 * 1024;
-
-/// Runs `script` with sh in L1; panics with its output if it fails.
-fn host(script: &str) -> String {
-    let out = Command::new("sh").args(["-c", script]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{script}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// A loop device over a 64 MiB file, detached and removed when dropped.
 struct LoopDisk {
@@ -52,10 +40,10 @@ impl LoopDisk {
     fn new() -> LoopDisk {
         let file = format!("/tmp/hakoniwa-iotrace-{}.img", std::process::id());
         // Written, not sparse: every read is of real data.
-        host(&format!(
+        host_sh(&format!(
             "dd if=/dev/urandom of={file} bs=1M count=64 2>/dev/null"
         ));
-        let dev = host(&format!("losetup --find --show {file}"))
+        let dev = host_sh(&format!("losetup --find --show {file}"))
             .trim()
             .to_string();
         // No host readahead: with it, L1 reads ahead of the VMM's
@@ -65,7 +53,7 @@ impl LoopDisk {
         // cold read misses every byte and the device reads exactly what
         // the virtual disk asked.
         let name = dev.trim_start_matches("/dev/");
-        host(&format!("echo 0 > /sys/block/{name}/queue/read_ahead_kb"));
+        host_sh(&format!("echo 0 > /sys/block/{name}/queue/read_ahead_kb"));
         LoopDisk { file, dev }
     }
 }
@@ -151,7 +139,7 @@ fn the_layers_agree_for_direct_and_buffered_reads() {
     );
 
     // Cold: L1's page cache of the loop device dropped.
-    host("sync; echo 3 > /proc/sys/vm/drop_caches");
+    host_sh("sync; echo 3 > /proc/sys/vm/drop_caches");
     let trace_file = std::env::temp_dir().join(format!("iotrace-{}.jsonl", std::process::id()));
     let trace_path = trace_file.to_str().unwrap();
     let (ok, out) = ctl(

@@ -268,6 +268,19 @@ pub fn ctl(socket: &str, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// Runs `script` with sh on the VMM's host (L1 in the rig); panics with
+/// its output if it fails. Returns stdout.
+pub fn host_sh(script: &str) -> String {
+    let out = Command::new("sh").args(["-c", script]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A socket path in the test's temporary directory (a tmpfs in the rig).
 pub fn temp_socket(name: &str) -> String {
     let path = std::env::temp_dir().join(format!("hakoniwa-{name}-{}.sock", std::process::id()));
