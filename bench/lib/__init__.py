@@ -8,7 +8,9 @@ evidence (rigfaults), the host's huge page pool (hugepages), the guest
 tool hk-memtouch's lines (memtouch), an RFB client that timestamps
 updates (rfb_probe), a guest initramfs read and a host program with its
 libraries appended to it (initramfs), iperf3's command line and JSON
-reports (iperf3), the results' environment section (environment),
+reports (iperf3), fio jobs as phases in the Debian guest (fio), a VMM's
+CPU time by thread kind and memory sampled at those phases (procstat),
+the results' environment section (environment),
 tables and their cells (tables), figures (plots), and the options and
 defaults for the tree's binaries and guest (options; here the tree's
 ROOT and the guest's CMDLINE).
