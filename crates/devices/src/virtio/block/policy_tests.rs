@@ -193,6 +193,14 @@ impl TwoQueues {
         status_at(&self.mem, STATUS + queue as u64 * 16 + slot)
     }
 
+    /// Offers a request (see [`TwoQueues::request`]), waits until it is
+    /// in the used ring, and returns its status.
+    fn served(&mut self, queue: usize, slot: u64, kind: u32, sector: u64) -> u8 {
+        self.request(queue, slot, kind, sector);
+        self.q[queue].wait_used_n(1);
+        self.status(queue, slot)
+    }
+
     fn data_addr(queue: usize, slot: u64) -> u64 {
         QDATA + 0x1000 * (queue as u64 * 16 + slot)
     }
@@ -282,20 +290,26 @@ fn werror_stop_holds_engine_errors_on_every_queue_and_the_retry_resubmits_them()
 fn a_failed_fsync_in_either_engine_fails_every_later_flush_on_every_queue() {
     for engine in [EngineKind::IoUring, EngineKind::Threads] {
         let mut t = TwoQueues::start(engine, "");
-        t.request(0, 0, VIRTIO_BLK_T_FLUSH, 0);
-        t.q[0].wait_used_n(1);
-        assert_eq!(t.status(0, 0), VIRTIO_BLK_S_OK, "{engine}");
+        assert_eq!(
+            t.served(0, 0, VIRTIO_BLK_T_FLUSH, 0),
+            VIRTIO_BLK_S_OK,
+            "{engine}"
+        );
         // fdatasync of a pipe fails (EINVAL), whoever runs it.
         t.disk.unsyncable();
-        t.request(0, 1, VIRTIO_BLK_T_FLUSH, 0);
-        t.q[0].wait_used_n(1);
-        assert_eq!(t.status(0, 1), VIRTIO_BLK_S_IOERR, "{engine}");
+        assert_eq!(
+            t.served(0, 1, VIRTIO_BLK_T_FLUSH, 0),
+            VIRTIO_BLK_S_IOERR,
+            "{engine}"
+        );
         // Healthy again, as Linux reports after a writeback error: the
         // flush still fails, on the other queue too, without syncing.
         t.disk.healthy();
-        t.request(1, 0, VIRTIO_BLK_T_FLUSH, 0);
-        t.q[1].wait_used_n(1);
-        assert_eq!(t.status(1, 0), VIRTIO_BLK_S_IOERR, "{engine}");
+        assert_eq!(
+            t.served(1, 0, VIRTIO_BLK_T_FLUSH, 0),
+            VIRTIO_BLK_S_IOERR,
+            "{engine}"
+        );
         // Counted in the disk's statistics: the good sync, the failed
         // one, the refused flush.
         assert_eq!(
@@ -308,9 +322,11 @@ fn a_failed_fsync_in_either_engine_fails_every_later_flush_on_every_queue() {
             "{engine}"
         );
         // Writes still work: only flushes are refused.
-        t.request(1, 1, VIRTIO_BLK_T_OUT, 0);
-        t.q[1].wait_used_n(1);
-        assert_eq!(t.status(1, 1), VIRTIO_BLK_S_OK, "{engine}");
+        assert_eq!(
+            t.served(1, 1, VIRTIO_BLK_T_OUT, 0),
+            VIRTIO_BLK_S_OK,
+            "{engine}"
+        );
         t.block.reset();
     }
 }
@@ -320,17 +336,21 @@ fn a_failed_write_through_write_is_a_failed_sync_on_either_engine() {
     for engine in [EngineKind::IoUring, EngineKind::Threads] {
         // Without FLUSH every write goes with RWF_DSYNC: its own sync.
         let mut t = TwoQueues::start_without(engine, "", 1 << VIRTIO_BLK_F_FLUSH);
-        t.request(0, 0, VIRTIO_BLK_T_OUT, 0);
-        t.q[0].wait_used_n(1);
-        assert_eq!(t.status(0, 0), VIRTIO_BLK_S_OK, "{engine}");
+        assert_eq!(
+            t.served(0, 0, VIRTIO_BLK_T_OUT, 0),
+            VIRTIO_BLK_S_OK,
+            "{engine}"
+        );
         assert!(!t.disk.sticky.is_failed(), "{engine}");
         // The engine's write fails (EBADF through a read-only
         // descriptor): whether the write or its sync failed cannot be
         // told, so it is a failed sync, as a failed fdatasync.
         t.disk.read_only();
-        t.request(0, 1, VIRTIO_BLK_T_OUT, 8);
-        t.q[0].wait_used_n(1);
-        assert_eq!(t.status(0, 1), VIRTIO_BLK_S_IOERR, "{engine}");
+        assert_eq!(
+            t.served(0, 1, VIRTIO_BLK_T_OUT, 8),
+            VIRTIO_BLK_S_IOERR,
+            "{engine}"
+        );
         assert!(t.disk.sticky.is_failed(), "{engine}: not sticky");
         // Healthy again: the next write-through write, on the other
         // queue, fails too, without reaching the image.
@@ -339,16 +359,20 @@ fn a_failed_write_through_write_is_a_failed_sync_on_either_engine() {
         t.mem
             .write_slice(&data, GuestAddress(TwoQueues::data_addr(1, 0)))
             .unwrap();
-        t.request(1, 0, VIRTIO_BLK_T_OUT, 16);
-        t.q[1].wait_used_n(1);
-        assert_eq!(t.status(1, 0), VIRTIO_BLK_S_IOERR, "{engine}");
+        assert_eq!(
+            t.served(1, 0, VIRTIO_BLK_T_OUT, 16),
+            VIRTIO_BLK_S_IOERR,
+            "{engine}"
+        );
         let image = pattern(SIZE, 21);
         let on_disk = t.disk.contents(16 * 512, 4096);
         assert!(on_disk == image[16 * 512..16 * 512 + 4096], "{engine}");
         // Reads still work: only what syncs is refused.
-        t.request(1, 1, VIRTIO_BLK_T_IN, 0);
-        t.q[1].wait_used_n(1);
-        assert_eq!(t.status(1, 1), VIRTIO_BLK_S_OK, "{engine}");
+        assert_eq!(
+            t.served(1, 1, VIRTIO_BLK_T_IN, 0),
+            VIRTIO_BLK_S_OK,
+            "{engine}"
+        );
         // The good write's sync, the failed one, the refused one.
         assert_eq!(
             t.block.stats().snapshot().syncs,
@@ -370,36 +394,38 @@ fn a_write_through_write_out_of_space_stays_retryable() {
     // EOPNOTSUPP before writing (an I/O error, rightly sticky). The
     // decision is the engines' common completion (request.rs), so one
     // engine covers it.
-    {
-        let engine = EngineKind::IoUring;
-        let mut t = TwoQueues::start_without(engine, "", 1 << VIRTIO_BLK_F_FLUSH);
-        // ENOSPC comes from the write itself (file systems reserve blocks
-        // when it is made): nothing durable was lost, so the flush state
-        // stays healthy and the same write succeeds once there is room.
-        t.disk.out_of_space();
-        let data = pattern(4096, 41);
-        t.mem
-            .write_slice(&data, GuestAddress(TwoQueues::data_addr(0, 0)))
-            .unwrap();
-        t.request(0, 0, VIRTIO_BLK_T_OUT, 8);
-        t.q[0].wait_used_n(1);
-        assert_eq!(t.status(0, 0), VIRTIO_BLK_S_IOERR, "{engine}");
-        assert!(
-            !t.disk.sticky.is_failed(),
-            "{engine}: ENOSPC made it sticky"
-        );
-        t.disk.healthy();
-        t.mem
-            .write_slice(&data, GuestAddress(TwoQueues::data_addr(0, 1)))
-            .unwrap();
-        t.request(0, 1, VIRTIO_BLK_T_OUT, 8);
-        t.q[0].wait_used_n(1);
-        assert_eq!(t.status(0, 1), VIRTIO_BLK_S_OK, "{engine}");
-        assert!(t.disk.contents(8 * 512, 4096) == data, "{engine}");
-        let syncs = t.block.stats().snapshot().syncs;
-        assert_eq!((syncs.failed, syncs.refused), (0, 0), "{engine}");
-        t.block.reset();
-    }
+    let engine = EngineKind::IoUring;
+    let mut t = TwoQueues::start_without(engine, "", 1 << VIRTIO_BLK_F_FLUSH);
+    // ENOSPC comes from the write itself (file systems reserve blocks
+    // when it is made): nothing durable was lost, so the flush state
+    // stays healthy and the same write succeeds once there is room.
+    t.disk.out_of_space();
+    let data = pattern(4096, 41);
+    t.mem
+        .write_slice(&data, GuestAddress(TwoQueues::data_addr(0, 0)))
+        .unwrap();
+    assert_eq!(
+        t.served(0, 0, VIRTIO_BLK_T_OUT, 8),
+        VIRTIO_BLK_S_IOERR,
+        "{engine}"
+    );
+    assert!(
+        !t.disk.sticky.is_failed(),
+        "{engine}: ENOSPC made it sticky"
+    );
+    t.disk.healthy();
+    t.mem
+        .write_slice(&data, GuestAddress(TwoQueues::data_addr(0, 1)))
+        .unwrap();
+    assert_eq!(
+        t.served(0, 1, VIRTIO_BLK_T_OUT, 8),
+        VIRTIO_BLK_S_OK,
+        "{engine}"
+    );
+    assert!(t.disk.contents(8 * 512, 4096) == data, "{engine}");
+    let syncs = t.block.stats().snapshot().syncs;
+    assert_eq!((syncs.failed, syncs.refused), (0, 0), "{engine}");
+    t.block.reset();
 }
 
 #[test]
