@@ -191,7 +191,7 @@ impl fmt::Display for IoThreadSched {
 
 /// Where and how a device thread runs: the host CPUs it pins itself to
 /// (anywhere when `None`) and its scheduling policy.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ThreadPlacement {
     pub affinity: Option<CpuSet>,
     pub sched: IoThreadSched,
