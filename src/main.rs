@@ -270,6 +270,21 @@ enum CtlCommandArg {
         #[arg(long, value_name = "PATH")]
         trace_file: Option<PathBuf>,
     },
+    /// Recommend the guest's memory, I/O mode and swap and the disk's cache
+    /// mode from a traced disk's window (seed 002's advisor,
+    /// docs/iotrace.md); --apply sets the guest's memory through the
+    /// balloon.
+    Advise {
+        /// The traced disk's id (default: the VM's only disk).
+        #[arg(long, value_name = "ID")]
+        disk: Option<String>,
+        /// Set the balloon so the guest has the recommended memory.
+        #[arg(long)]
+        apply: bool,
+        /// Print the API's JSON instead of the text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Save the whole VM to a file (pausing it meanwhile); `run --restore
     /// FILE` continues it (docs/snapshot.md).
     Snapshot {
@@ -556,6 +571,18 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
                 let report: vmm::iotrace::IoTraceReport = serde_json::from_str(&output)
                     .map_err(|e| format!("bad iotrace report: {e}"))?;
                 print!("{}", vmm::iotrace::table::render(&report));
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        CtlCommandArg::Advise { disk, apply, json } => {
+            let command = api::CtlCommand::Advise(api::AdviseRequest { disk, apply });
+            let output = api::run_ctl(&args.api_socket, &command).map_err(|e| e.to_string())?;
+            if json {
+                println!("{output}");
+            } else {
+                let report: vmm::iotrace::advise::AdviceReport =
+                    serde_json::from_str(&output).map_err(|e| format!("bad advice: {e}"))?;
+                print!("{}", vmm::iotrace::advise::render(&report));
             }
             return Ok(ExitCode::SUCCESS);
         }

@@ -215,6 +215,22 @@ pub enum ApiAction {
     /// Every disk and whether it is traced; answered with
     /// [`ApiResponse::IoTrace`].
     IoTraceInfo,
+    /// The advisor's recommendation from a traced disk's window, applied
+    /// to the guest's memory through the balloon if asked
+    /// (docs/iotrace.md); answered with [`ApiResponse::Advice`].
+    Advise(AdviseRequest),
+}
+
+/// Body of `PUT /api/v1/vm.advise`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdviseRequest {
+    /// The traced disk's id (default: the VM's only disk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<String>,
+    /// Set the balloon so that the guest has the recommended memory.
+    #[serde(default)]
+    pub apply: bool,
 }
 
 /// What `PUT /api/v1/vm.iotrace` does.
@@ -415,6 +431,8 @@ pub enum ApiResponse {
     /// Answer to [`ApiAction::IoTraceSet`] (stop, report) and
     /// [`ApiAction::IoTraceInfo`] (docs/iotrace.md lists the fields).
     IoTrace(serde_json::Value),
+    /// Answer to [`ApiAction::Advise`] (docs/iotrace.md lists the fields).
+    Advice(serde_json::Value),
 }
 
 /// Refusal or failure of an [`ApiAction`], carrying the HTTP status to send.

@@ -12,9 +12,9 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use crate::action::{
-    ApiAction, BalloonTarget, DisplaySettings, DumpRequest, ErrorBody, IoTraceAction,
-    IoTraceRequest, LatencyHistogramRequest, MigrateRequest, MmuSettings, SnapshotRequest,
-    SptPages,
+    AdviseRequest, ApiAction, BalloonTarget, DisplaySettings, DumpRequest, ErrorBody,
+    IoTraceAction, IoTraceRequest, LatencyHistogramRequest, MigrateRequest, MmuSettings,
+    SnapshotRequest, SptPages,
 };
 use crate::http::{self, is_timeout, parse_response_head, read_more, write_all_by};
 use crate::Error;
@@ -229,6 +229,8 @@ pub enum CtlCommand {
     LatencyHistogramSet(LatencyHistogramRequest),
     /// Start, stop or report a disk's I/O trace.
     IoTrace(IoTraceRequest),
+    /// The advisor's recommendation from a traced disk (and apply it).
+    Advise(AdviseRequest),
 }
 
 impl CtlCommand {
@@ -265,6 +267,7 @@ impl CtlCommand {
             CtlCommand::Isolation => "isolation",
             CtlCommand::Counters | CtlCommand::LatencyHistogramSet(_) => "counters",
             CtlCommand::IoTrace(_) => "iotrace",
+            CtlCommand::Advise(_) => "advise",
         }
     }
 
@@ -292,6 +295,7 @@ impl CtlCommand {
             CtlCommand::Counters => ApiAction::Counters,
             CtlCommand::LatencyHistogramSet(request) => ApiAction::LatencyHistogramSet(request),
             CtlCommand::IoTrace(request) => ApiAction::IoTraceSet(request),
+            CtlCommand::Advise(request) => ApiAction::Advise(request),
         }
     }
 
@@ -320,6 +324,7 @@ impl CtlCommand {
                 IoTraceAction::Start => "tracing started",
                 IoTraceAction::Stop | IoTraceAction::Report => "no report returned",
             },
+            CtlCommand::Advise(_) => "no advice returned",
         }
     }
 }

@@ -178,6 +178,7 @@ routes! {
     Put "/api/v1/vm.latency-histogram" => LatencyHistogramSet(request);
     Get "/api/v1/vm.iotrace"  => IoTraceInfo;
     Put "/api/v1/vm.iotrace"  => IoTraceSet(request);
+    Put "/api/v1/vm.advise"   => Advise(request);
 }
 
 /// Result of looking a request up in [`ROUTES`].
@@ -275,6 +276,10 @@ mod tests {
                 action: crate::action::IoTraceAction::Start,
                 disk: Some("data".into()),
                 trace_file: Some("/tmp/trace.jsonl".into()),
+            }),
+            ApiAction::Advise(crate::action::AdviseRequest {
+                disk: Some("data".into()),
+                apply: true,
             }),
         ];
         assert_eq!(actions.len(), ROUTES.len());

@@ -134,6 +134,7 @@ impl VmController for FakeVmm {
                 serde_json::json!({"net0": {"rx_frames": 1}}),
             )),
             ApiAction::LatencyHistogramSet(_) => Ok(ApiResponse::Empty),
+            ApiAction::Advise(_) => Ok(ApiResponse::Advice(serde_json::json!({}))),
         }
     }
 }

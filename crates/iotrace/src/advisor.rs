@@ -57,7 +57,7 @@ pub const MEMORY_GRANULE: u64 = 64 * MIB;
 pub const SWAP_OFF_MAX_COMMITTED: f64 = 0.8;
 
 /// How the guest does file I/O.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GuestIo {
     /// Through the guest's page cache.
@@ -67,7 +67,7 @@ pub enum GuestIo {
 }
 
 /// Whether the guest has swap on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GuestSwap {
     On,
@@ -75,7 +75,7 @@ pub enum GuestSwap {
 }
 
 /// The disk's host cache mode, in the words of `--disk cache=`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DiskCache {
     /// Through the host page cache.
@@ -85,7 +85,7 @@ pub enum DiskCache {
 }
 
 /// Where the reuse profile's trace was taken.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProfileSource {
     /// A trace no guest cache filtered: the application's own accesses, or
@@ -97,7 +97,7 @@ pub enum ProfileSource {
 }
 
 /// What the advisor knows of the VM and its host.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VmFacts {
     pub guest_memory_bytes: u64,
     /// The guest's memory that is not page cache (`MemTotal - MemAvailable`).
@@ -116,7 +116,7 @@ pub struct VmFacts {
 }
 
 /// Where the working set falls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Regime {
     /// Few re-reads: no cache pays.
@@ -130,7 +130,7 @@ pub enum Regime {
 }
 
 /// One recommendation: what to have, what there is, and why.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Recommendation<T> {
     pub recommended: T,
     pub current: T,
@@ -138,7 +138,7 @@ pub struct Recommendation<T> {
 }
 
 /// The advisor's answer.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Advice {
     pub working_set_bytes: u64,
     pub regime: Regime,

@@ -481,6 +481,7 @@ impl VmController for VmControl {
                 .map_err(|e| ApiError::bad_request(e.to_string())),
             ApiAction::IoTraceSet(request) => self.iotrace(request),
             ApiAction::IoTraceInfo => to_json(&self.vm.iotrace.status()).map(ApiResponse::IoTrace),
+            ApiAction::Advise(request) => self.advise(request),
         }
     }
 }
@@ -514,6 +515,28 @@ impl VmControl {
             api::IoTraceAction::Report => trace.report(disk),
         };
         to_json(&report.map_err(refused)?).map(ApiResponse::IoTrace)
+    }
+}
+
+impl VmControl {
+    /// `PUT vm.advise`: the advisor on a traced disk's window, its memory
+    /// recommendation applied through the balloon if asked.
+    fn advise(&self, request: api::AdviseRequest) -> Result<ApiResponse, ApiError> {
+        use crate::iotrace::advise::{advise, AdviseTarget};
+        let target = AdviseTarget {
+            trace: &self.vm.iotrace,
+            balloon: self.vm.balloon.as_deref(),
+            memory_bytes: self.vm.description.memory_bytes,
+            proc_root: std::path::Path::new("/proc"),
+        };
+        let report = advise(&target, request.disk.as_deref(), request.apply).map_err(|e| {
+            if e.is_conflict() {
+                ApiError::conflict(e.to_string())
+            } else {
+                ApiError::bad_request(e.to_string())
+            }
+        })?;
+        to_json(&report).map(ApiResponse::Advice)
     }
 }
 

@@ -11,6 +11,7 @@
 //! is the iotrace crate's [`WindowReport`] with what this window was
 //! ([`IoTraceReport`]); [`table`] is `ctl iotrace report`'s text.
 
+pub mod advise;
 pub mod table;
 
 use std::collections::BTreeMap;
@@ -202,6 +203,26 @@ impl VmIoTrace {
             report.trace_file = Some(path);
         }
         Ok(report)
+    }
+
+    /// What the advisor reads of `disk`'s window so far: its report, the
+    /// virtual disk's records and the disk's cache mode.
+    pub fn advice_window(
+        &self,
+        disk: Option<&str>,
+    ) -> Result<(IoTraceReport, Vec<layers::IoRecord>, CacheMode), IoTraceError> {
+        let disk = self.disk(disk)?;
+        let windows = self.lock();
+        let window = windows
+            .get(&disk.id)
+            .ok_or_else(|| IoTraceError::NotTraced(disk.id.clone()))?;
+        let records = window
+            .session
+            .records()
+            .iter()
+            .filter_map(|r| r.io_record())
+            .collect();
+        Ok((report_of(disk, window, true), records, disk.cache))
     }
 
     /// Every disk, traced or not.
