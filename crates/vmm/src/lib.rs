@@ -19,6 +19,8 @@
 //!   snapshots and migrations;
 //! - [`migration`]: live migration (`ctl migrate`, `run --incoming`);
 //! - [`dump`]: failure reports (`run --dump-dir`, `ctl dump`);
+//! - [`private_file`]: files holding guest memory (snapshots, reports):
+//!   0600, never through a symbolic link, renamed into place and synced;
 //! - [`isolation`]: the isolation check of the pinned CPUs (`ctl isolation`).
 
 /// Writes one line to stderr, whole: see [`console::say_line`].
@@ -46,6 +48,7 @@ pub mod migration;
 pub mod mmu;
 pub mod passthrough;
 pub mod platform;
+pub mod private_file;
 pub mod signals;
 pub mod snapshot;
 pub mod start;

@@ -19,6 +19,7 @@
 pub mod capture;
 pub mod report;
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -33,6 +34,7 @@ use crate::memory::GuestMemoryMmap;
 use crate::migration::history::PageHistory;
 use crate::migration::source::VmPauser;
 use crate::migration::MigrationReports;
+use crate::private_file::{write_private, PrivateFileError};
 use crate::vcpu::{RunControl, Vcpu};
 pub use capture::{capture_vcpu, Captures, VcpuCapture};
 use report::{GuestPages, PageRead, ReportInput};
@@ -223,16 +225,22 @@ fn unparked(index: u8, why: &str) -> VcpuCapture {
     }
 }
 
-/// Writes `report` as JSON to `path`, or to a new file in `dir`.
+/// Writes `report` as JSON to `path`, or to a new file in `dir`: a
+/// private file (0600, never through a symbolic link), since it holds
+/// guest memory — code bytes, stack words, page contents' checksums.
 fn write_report(
     dir: &Path,
     path: Option<&Path>,
     report: &report::DumpReport,
-) -> std::io::Result<PathBuf> {
+) -> Result<PathBuf, PrivateFileError> {
     let path = match path {
         Some(p) => p.to_path_buf(),
         None => {
-            std::fs::create_dir_all(dir)?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| PrivateFileError::io(dir, e))?;
             dir.join(format!(
                 "hakoniwa-{}-{}.json",
                 std::process::id(),
@@ -240,8 +248,9 @@ fn write_report(
             ))
         }
     };
-    let json = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
-    std::fs::write(&path, json)?;
+    let json = serde_json::to_vec_pretty(report)
+        .map_err(|e| PrivateFileError::io(&path, std::io::Error::other(e)))?;
+    write_private(&path, &json)?;
     Ok(path)
 }
 

@@ -23,6 +23,7 @@ use vm_memory::{Bytes, GuestAddress};
 use super::state::VmSnapshot;
 use super::SnapshotError;
 use crate::memory::GuestMemoryMmap;
+use crate::private_file::PrivateFile;
 
 /// The file's first eight bytes.
 pub const MAGIC: &[u8; 8] = b"HKNWSNAP";
@@ -42,7 +43,8 @@ const MAX_META_LEN: u64 = 256 << 20;
 /// RAM moves through a buffer of this size.
 const CHUNK: usize = 1 << 20;
 
-/// Writes `snapshot` and `memory`'s RAM to `path`: first to `path.partial`,
+/// Writes `snapshot` and `memory`'s RAM to `path`: first to `path.partial`
+/// (mode 0600, never through a symbolic link: [`crate::private_file`]),
 /// renamed into place once complete and synced, so `path` is never a
 /// half-written snapshot.
 pub fn write_snapshot(
@@ -50,29 +52,21 @@ pub fn write_snapshot(
     snapshot: &VmSnapshot,
     memory: &GuestMemoryMmap,
 ) -> Result<u64, SnapshotError> {
-    let mut partial = path.as_os_str().to_owned();
-    partial.push(".partial");
-    let partial = PathBuf::from(partial);
-    let result = write_to(&partial, snapshot, memory);
-    match result {
-        Ok(size) => {
-            std::fs::rename(&partial, path).map_err(|e| SnapshotError::io(path, e))?;
-            Ok(size)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(&partial);
-            Err(e)
-        }
-    }
+    let mut file = PrivateFile::create(path)?;
+    let partial = file.partial().to_owned();
+    let size = write_to(&partial, file.file_mut(), snapshot, memory)?;
+    // An error above drops `file`, which removes the partial file.
+    file.commit()?;
+    Ok(size)
 }
 
 fn write_to(
     path: &Path,
+    file: &mut File,
     snapshot: &VmSnapshot,
     memory: &GuestMemoryMmap,
 ) -> Result<u64, SnapshotError> {
     let io = |e| SnapshotError::io(path, e);
-    let file = File::create(path).map_err(io)?;
     let mut out = BufWriter::with_capacity(CHUNK, file);
 
     let mut header = Vec::new();
@@ -115,10 +109,9 @@ fn write_to(
         }
     }
     write_section_header(&mut out, TAG_END, 0, 0).map_err(io)?;
-    let mut file = out.into_inner().map_err(|e| io(e.into_error()))?;
+    let file = out.into_inner().map_err(|e| io(e.into_error()))?;
     file.seek(SeekFrom::Start(ram_header_at)).map_err(io)?;
-    write_section_header(&mut file, TAG_RAM, ram_len, hasher.finalize()).map_err(io)?;
-    file.sync_all().map_err(io)?;
+    write_section_header(file, TAG_RAM, ram_len, hasher.finalize()).map_err(io)?;
     Ok(ram_header_at + SECTION_HEADER_LEN + ram_len + SECTION_HEADER_LEN)
 }
 

@@ -59,6 +59,9 @@ pub enum SnapshotError {
     },
     #[error("snapshot: {0}")]
     Invalid(String),
+    /// The file could not be created or put in place.
+    #[error("snapshot {0}")]
+    File(#[from] crate::private_file::PrivateFileError),
     /// A disk image could not be flushed, unlocked or locked.
     #[error("{0}")]
     Disk(String),
