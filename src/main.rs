@@ -106,8 +106,9 @@ struct RunArgs {
     metrics_interval: Option<String>,
     /// A virtual display served over VNC (docs/display.md):
     /// vnc=[HOST]:PORT[,width=1024,height=768][,layout=linear|tiled]
-    /// [,dirty=compare|dirtylog|wp][,refresh=timer|event][,password=..]
-    /// [,websocket=[HOST:]PORT]
+    /// [,dirty=compare|dirtylog|wp][,refresh=timer|event][,password_file=PATH]
+    /// [,websocket=[HOST:]PORT][,origins=[ORIGIN,...]][,handshake_timeout=SECONDS]
+    /// [,pending_per_address=N]
     #[arg(long, value_name = "OPTIONS")]
     display: Option<String>,
     /// Continue the VM saved in FILE (`ctl snapshot`) instead of booting;

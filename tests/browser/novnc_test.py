@@ -69,8 +69,10 @@ def wait_until(what, probe, timeout=30.0, interval=0.1):
 class PatternServer:
     """vnc_test_pattern as a child process: commands in, lines out."""
 
-    def __init__(self, binary, password=None):
-        args = [binary, "--width", str(WIDTH), "--height", str(HEIGHT)]
+    def __init__(self, binary, origin, password=None):
+        # origin: the page's (noVNC is served from another port), which
+        # the server's WebSocket Origin check must be told about.
+        args = [binary, "--width", str(WIDTH), "--height", str(HEIGHT), "--origin", origin]
         if password:
             args += ["--password", password]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -153,6 +155,7 @@ class StaticFiles:
         socketserver.ThreadingTCPServer.allow_reuse_address = True
         self.httpd = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         self.port = self.httpd.server_address[1]
+        self.origin = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self):
@@ -244,7 +247,7 @@ def connected(browser):
 
 
 def check_picture_input_and_updates(browser, files, binary):
-    server = PatternServer(binary)
+    server = PatternServer(binary, files.origin)
     try:
         open_page(browser, files, server)
         wait_until("noVNC to connect over WebSocket", lambda: connected(browser))
@@ -290,7 +293,7 @@ def check_picture_input_and_updates(browser, files, binary):
 
 
 def check_authentication(browser, files, binary):
-    server = PatternServer(binary, password="hk-pass")
+    server = PatternServer(binary, files.origin, password="hk-pass")
     try:
         open_page(browser, files, server, password="hk-pass")
         wait_until("noVNC to authenticate", lambda: connected(browser))

@@ -3,10 +3,12 @@
 //! (noVNC in a browser: tests/browser/novnc_test.py) without KVM.
 //!
 //! ```text
-//! vnc_test_pattern [--width W] [--height H] [--password P]
+//! vnc_test_pattern [--width W] [--height H] [--password P] [--origin ORIGIN]...
 //! ```
 //!
-//! Listens on 127.0.0.1 (RFB and WebSocket, free ports) and prints one line
+//! `--origin` allows a WebSocket `Origin` (the page noVNC is served from,
+//! another port than ours). Listens on 127.0.0.1 (RFB and WebSocket, free
+//! ports) and prints one line
 //! `listening rfb=ADDR websocket=ADDR`. Then it prints every input event a
 //! client sends (`key KEYSYM 1|0`, `pointer X Y BUTTONS`), and reads
 //! commands on stdin, one per line:
@@ -67,6 +69,7 @@ struct Options {
     width: u16,
     height: u16,
     password: Option<String>,
+    origins: Vec<String>,
 }
 
 fn parse_options() -> Result<Options, String> {
@@ -74,6 +77,7 @@ fn parse_options() -> Result<Options, String> {
         width: 640,
         height: 480,
         password: None,
+        origins: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -82,6 +86,7 @@ fn parse_options() -> Result<Options, String> {
             "--width" => options.width = parse_size(&value()?)?,
             "--height" => options.height = parse_size(&value()?)?,
             "--password" => options.password = Some(value()?),
+            "--origin" => options.origins.push(value()?),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -188,6 +193,10 @@ fn main() {
         websocket: Some(localhost),
         password: options.password,
         name: "hakoniwa test pattern".into(),
+        front_door: display::vnc::FrontDoor {
+            origins: options.origins,
+            ..Default::default()
+        },
     };
     let server = match VncServer::start(config, screen.clone(), input.clone()) {
         Ok(server) => server,

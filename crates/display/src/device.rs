@@ -189,12 +189,19 @@ impl Display {
             guest_address,
         });
         let screen = Arc::new(Screen::new(g.width, g.height));
+        if config.password_on_command_line {
+            tracing::warn!(
+                "the VNC password was given as password= on the command line, where every \
+                 user of this host can read it (ps, /proc/PID/cmdline); use password_file=PATH"
+            );
+        }
         let vnc = VncServer::start(
             VncConfig {
                 listen: config.listen,
                 websocket: config.websocket,
                 password: config.password.clone(),
                 name: "hakoniwa".into(),
+                front_door: config.front_door.clone(),
             },
             screen.clone(),
             Arc::new(InputWatch {

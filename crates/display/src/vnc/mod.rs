@@ -10,6 +10,14 @@
 //! Security: None, or VNC Authentication when a password is set. Encodings:
 //! Raw, CopyRect and ZRLE, in the client's order of preference.
 //!
+//! The front door ([`FrontDoor`]): a WebSocket upgrade whose `Origin` is
+//! neither absent (a non-browser client), the server's own (the `Host`
+//! header's) nor on the allow-list is refused with HTTP 403, so a web page
+//! in the host's browser cannot type into the guest; a connection must
+//! finish the RFB handshake (authentication included) within the handshake
+//! timeout; and only a few connections per source address may be short of
+//! it at once, so idle sockets from one place cannot take every slot.
+//!
 //! Module map:
 //! - `server`: listener threads, client list, fan-out of screen changes.
 //! - `client`: one client's pending damage and copies (shared state).
@@ -41,6 +49,9 @@ use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tracing::warn;
 
 pub use pixel_format::PixelFormat;
 pub use stats::VncStats;
@@ -62,6 +73,51 @@ pub struct VncConfig {
     pub password: Option<String>,
     /// The desktop name clients show.
     pub name: String,
+    /// Who may come in, and for how long before authenticating.
+    pub front_door: FrontDoor,
+}
+
+/// What a connection must satisfy before it is a client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrontDoor {
+    /// WebSocket `Origin`s allowed besides the server's own (`Host`'s)
+    /// and none at all, as `scheme://host[:port]`, compared without case.
+    pub origins: Vec<String>,
+    /// From accept to the end of the RFB handshake (WebSocket upgrade and
+    /// authentication included).
+    pub handshake_timeout: Duration,
+    /// Connections from one source address (an IPv6 /64) that may be
+    /// short of the end of the RFB handshake at once.
+    pub pending_per_address: usize,
+}
+
+/// Default [`FrontDoor::handshake_timeout`]: a person typing a password
+/// in a client that asks for it only after connecting still makes it.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`FrontDoor::pending_per_address`]: a browser tab opens one or
+/// two, a reconnecting client one more.
+pub const DEFAULT_PENDING_PER_ADDRESS: usize = 4;
+
+impl Default for FrontDoor {
+    fn default() -> FrontDoor {
+        FrontDoor {
+            origins: Vec::new(),
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            pending_per_address: DEFAULT_PENDING_PER_ADDRESS,
+        }
+    }
+}
+
+/// Says, loudly, that a listener anyone on the network can reach lets
+/// them in without a password (they get the guest's keyboard and mouse).
+fn warn_if_open(kind: &str, bound: SocketAddr, password: bool) {
+    if !password && !bound.ip().is_loopback() {
+        warn!(
+            "VNC {kind} listener {bound} is reachable beyond this host and has NO PASSWORD: \
+             anyone who can connect controls the guest's keyboard and mouse; \
+             set password_file=PATH or listen on 127.0.0.1"
+        );
+    }
 }
 
 /// A running VNC server. Dropping it shuts it down.
@@ -90,7 +146,17 @@ impl VncServer {
     ) -> io::Result<VncServer> {
         let (tcp, local_addr) = listen(config.listen)?;
         let ws = config.websocket.map(listen).transpose()?;
-        let shared = Arc::new(Shared::new(screen, input, config.password, config.name)?);
+        warn_if_open("RFB", local_addr, config.password.is_some());
+        if let Some((_, bound)) = &ws {
+            warn_if_open("WebSocket", *bound, config.password.is_some());
+        }
+        let shared = Arc::new(Shared::new(
+            screen,
+            input,
+            config.password,
+            config.name,
+            config.front_door,
+        )?);
         let mut server = VncServer {
             shared,
             local_addr,

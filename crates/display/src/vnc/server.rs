@@ -2,12 +2,13 @@
 //! listening socket, one thread per client, and the fan-out of screen
 //! changes to every client.
 
+use std::collections::HashMap;
 use std::io::{self, ErrorKind};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 use vmm_sys_util::eventfd::EventFd;
@@ -18,6 +19,7 @@ use super::session::{self, End};
 use super::stats::Counters;
 use super::transport::TcpTransport;
 use super::websocket;
+use super::FrontDoor;
 use crate::geometry::Rect;
 use crate::input::InputSink;
 use crate::screen::Screen;
@@ -53,9 +55,12 @@ pub struct Shared {
     pub password: Option<String>,
     pub name: String,
     pub stats: Counters,
+    pub front_door: FrontDoor,
     /// Written once at shutdown and never read: stays ready for all.
     pub shutdown: EventFd,
     clients: Mutex<Vec<Arc<Client>>>,
+    /// Connections per source (`source_key`) not yet past the handshake.
+    pending: Mutex<HashMap<IpAddr, usize>>,
     /// Client threads, joined at shutdown.
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -71,6 +76,7 @@ impl Shared {
         input: Arc<dyn InputSink>,
         password: Option<String>,
         name: String,
+        front_door: FrontDoor,
     ) -> io::Result<Shared> {
         Ok(Shared {
             screen,
@@ -78,8 +84,10 @@ impl Shared {
             password,
             name,
             stats: Counters::default(),
+            front_door,
             shutdown: EventFd::new(libc::EFD_NONBLOCK)?,
             clients: Mutex::new(Vec::new()),
+            pending: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
         })
     }
@@ -109,6 +117,30 @@ impl Shared {
         };
         for client in lock(&self.clients).iter() {
             client.copy(op);
+        }
+    }
+
+    /// Counts a new connection from `peer` as pending; false (and not
+    /// counted) when its source already has as many as allowed.
+    fn begin_pending(&self, peer: &SocketAddr) -> bool {
+        let mut pending = lock(&self.pending);
+        let n = pending.entry(source_key(peer.ip())).or_insert(0);
+        if *n >= self.front_door.pending_per_address {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    /// A pending connection from `peer` finished the handshake or ended.
+    pub fn end_pending(&self, peer: &SocketAddr) {
+        let mut pending = lock(&self.pending);
+        let key = source_key(peer.ip());
+        if let Some(n) = pending.get_mut(&key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                pending.remove(&key);
+            }
         }
     }
 
@@ -152,6 +184,21 @@ fn clip_copy(screen: &Rect, src: Rect, dst_x: u16, dst_y: u16) -> Option<CopyOp>
     let dst = shift(&src, dx, dy)?;
     let src = shift(&dst, -dx, -dy)?;
     Some(CopyOp { src, dst })
+}
+
+/// Where a connection comes from, for the per-source limit: an IPv4
+/// address, or an IPv6 address's /64 (one host usually has all of it).
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+        v4 => v4,
+    }
 }
 
 /// Starts the thread accepting connections on `listener` (non-blocking).
@@ -205,8 +252,13 @@ fn start_client(stream: TcpStream, peer: SocketAddr, kind: Kind, shared: &Arc<Sh
         shared.stats.refused();
         info!(%peer, reason, "VNC client disconnected");
     };
+    // The handshake's clock starts now, WebSocket upgrade included.
+    let deadline = Instant::now() + shared.front_door.handshake_timeout;
     if lock(&shared.clients).len() >= MAX_CLIENTS {
         return refuse("too many clients");
+    }
+    if !shared.begin_pending(&peer) {
+        return refuse("too many connections from this address still in the handshake");
     }
     // Sessions rely on never blocking; Nagle would delay small replies
     // (handshake steps) behind the previous ones.
@@ -214,11 +266,15 @@ fn start_client(stream: TcpStream, peer: SocketAddr, kind: Kind, shared: &Arc<Sh
         .set_nonblocking(true)
         .and_then(|()| stream.set_nodelay(true))
     {
+        shared.end_pending(&peer);
         return refuse(&format!("socket setup failed: {e}"));
     }
     let wake = match EventFd::new(libc::EFD_NONBLOCK) {
         Ok(w) => w,
-        Err(e) => return refuse(&format!("eventfd failed: {e}")),
+        Err(e) => {
+            shared.end_pending(&peer);
+            return refuse(&format!("eventfd failed: {e}"));
+        }
     };
     let client = Arc::new(Client::new(peer, wake, shared.screen_rect()));
     lock(&shared.clients).push(client.clone());
@@ -227,7 +283,7 @@ fn start_client(stream: TcpStream, peer: SocketAddr, kind: Kind, shared: &Arc<Sh
     let thread_client = client.clone();
     let spawned = thread::Builder::new()
         .name("vnc-client".to_string())
-        .spawn(move || serve_client(stream, kind, &thread_shared, &thread_client));
+        .spawn(move || serve_client(stream, kind, deadline, &thread_shared, &thread_client));
     match spawned {
         Ok(handle) => {
             let mut threads = lock(&shared.threads);
@@ -237,6 +293,7 @@ fn start_client(stream: TcpStream, peer: SocketAddr, kind: Kind, shared: &Arc<Sh
         }
         Err(e) => {
             unregister(shared, &client);
+            shared.end_pending(&peer);
             refuse(&format!("thread spawn failed: {e}"));
         }
     }
@@ -246,15 +303,32 @@ fn unregister(shared: &Shared, client: &Arc<Client>) {
     lock(&shared.clients).retain(|c| !Arc::ptr_eq(c, client));
 }
 
-fn serve_client(stream: TcpStream, kind: Kind, shared: &Shared, client: &Arc<Client>) {
+fn serve_client(
+    stream: TcpStream,
+    kind: Kind,
+    deadline: Instant,
+    shared: &Shared,
+    client: &Arc<Client>,
+) {
     let end = match kind {
-        Kind::Tcp => session::run(TcpTransport::new(stream), shared, client),
-        Kind::WebSocket => match websocket::accept(stream, &shared.shutdown) {
-            Ok(ws) => session::run(ws, shared, client),
-            Err(reason) => End::Refused(reason),
-        },
+        Kind::Tcp => session::run(TcpTransport::new(stream), shared, client, deadline),
+        Kind::WebSocket => {
+            match websocket::accept(
+                stream,
+                &shared.shutdown,
+                deadline,
+                &shared.front_door.origins,
+            ) {
+                Ok(ws) => session::run(ws, shared, client, deadline),
+                Err(reason) => End::Refused(reason),
+            }
+        }
     };
     unregister(shared, client);
+    if !client.is_active() {
+        // Still counted as pending: the session ended before ClientInit.
+        shared.end_pending(&client.peer);
+    }
     let reason = match &end {
         End::Closed(reason) => reason,
         End::Refused(reason) => {
@@ -268,6 +342,16 @@ fn serve_client(stream: TcpStream, kind: Kind, shared: &Shared, client: &Arc<Cli
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sources_are_addresses_or_ipv6_64s() {
+        let key = |s: &str| source_key(s.parse().unwrap());
+        assert_eq!(key("192.0.2.7"), key("192.0.2.7"));
+        assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
+        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+    }
 
     #[test]
     fn copies_are_clipped_together() {

@@ -28,10 +28,6 @@ use super::transport::{ReadStatus, Transport};
 use super::view::{read_rect, ClientView};
 use crate::geometry::Rect;
 
-/// A client must finish the RFB handshake within this: a connection that
-/// never does would hold a thread forever.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// After refusing a client, how long to try to deliver the reason.
 const LINGER: Duration = Duration::from_secs(2);
 
@@ -91,8 +87,10 @@ struct Session<'a, T: Transport> {
     view: ClientView,
 }
 
-/// Runs a session to its end and closes the transport.
-pub fn run<T: Transport>(transport: T, server: &Shared, client: &Client) -> End {
+/// Runs a session to its end and closes the transport. The RFB handshake
+/// must be over by `deadline` (the front door's timeout from accept): a
+/// connection that never finishes it would hold a thread and a slot.
+pub fn run<T: Transport>(transport: T, server: &Shared, client: &Client, deadline: Instant) -> End {
     let poller = match Poller::new(transport.fd(), Some(&client.wake), &server.shutdown) {
         Ok(p) => p,
         Err(e) => return End::Closed(format!("poll setup failed: {e}")),
@@ -115,7 +113,7 @@ pub fn run<T: Transport>(transport: T, server: &Shared, client: &Client) -> End 
         request: None,
         view: ClientView::new(screen.width(), screen.height()),
     };
-    let end = session.serve();
+    let end = session.serve(deadline);
     if matches!(end, End::Refused(_)) {
         session.linger();
     }
@@ -133,11 +131,10 @@ impl<T: Transport> Session<'_, T> {
         )
     }
 
-    fn serve(&mut self) -> End {
+    fn serve(&mut self, deadline: Instant) -> End {
         if let Err(e) = self.send(protocol::SERVER_VERSION.to_vec()) {
             return End::Closed(format!("write failed: {e}"));
         }
-        let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
         let mut more_input = false;
         loop {
             if let Err(end) = self.process_input() {
@@ -403,6 +400,7 @@ impl<T: Transport> Session<'_, T> {
         self.reply(out)?;
         self.phase = Phase::Normal;
         self.client.set_active();
+        self.server.end_pending(&self.client.peer);
         self.server.stats.accepted();
         info!(peer = %self.client.peer, version = %self.version, "VNC client ready");
         Ok(1)

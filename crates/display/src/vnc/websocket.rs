@@ -2,6 +2,15 @@
 //! it: the RFB byte stream travels in binary messages, split anywhere. The
 //! subprotocol "binary" is answered when offered (old noVNC and websockify
 //! ask for it); "base64" text framing is not supported.
+//!
+//! A browser lets any web page open a WebSocket to any address, localhost
+//! included, and says which page in `Origin`. So the upgrade is refused
+//! with HTTP 403 unless `Origin` is absent (not a browser), the server's
+//! own (its authority is the `Host` header: a page served from this
+//! address) or on the allow-list. Our own origin counts only where `Host`
+//! is an IP address or `localhost`: under DNS rebinding a hostile page's
+//! name resolves to us, and its Origin matches the Host it sends; a name
+//! must be listed.
 
 use std::io::{self, ErrorKind};
 use std::net::{Shutdown, TcpStream};
@@ -10,16 +19,13 @@ use std::time::{Duration, Instant};
 
 use tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tungstenite::handshake::HandshakeError;
-use tungstenite::http::HeaderValue;
+use tungstenite::http::{HeaderValue, StatusCode};
 use tungstenite::protocol::WebSocketConfig;
 use tungstenite::{Message, WebSocket};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::poller::Poller;
 use super::transport::{ReadStatus, Transport};
-
-/// The HTTP upgrade must finish within this.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// While the upgrade response is being written the socket is polled for
 /// input only, so retry at least this often in case the write was what
@@ -38,13 +44,63 @@ pub struct WsTransport {
     ws: WebSocket<TcpStream>,
 }
 
-/// Picks the subprotocol for the upgrade response.
+/// Whether a request with `origin` (the `Origin` header, if any) to
+/// `host` (the `Host` header) may upgrade; the refusal says why.
+pub fn check_origin(
+    origin: Option<&str>,
+    host: Option<&str>,
+    allowed: &[String],
+) -> Result<(), String> {
+    let Some(origin) = origin else {
+        return Ok(());
+    };
+    let origin = origin.trim().trim_end_matches('/');
+    let authority = origin.split_once("://").map(|(_, a)| a);
+    let own = matches!((authority, host), (Some(a), Some(h))
+        if a.eq_ignore_ascii_case(h.trim()) && names_no_dns(h.trim()));
+    let listed = allowed
+        .iter()
+        .any(|a| a.trim_end_matches('/').eq_ignore_ascii_case(origin));
+    if own || listed {
+        return Ok(());
+    }
+    // The origin is the peer's text: shown escaped, and not too much.
+    let shown: String = origin.chars().take(100).collect();
+    Err(format!(
+        "WebSocket Origin {:?} is not allowed (HTTP 403); allow it with origins=[...]",
+        shown
+    ))
+}
+
+/// Whether the host part of `authority` (`host[:port]`) is an IP address
+/// or `localhost`, which no DNS answer can make point elsewhere.
+fn names_no_dns(authority: &str) -> bool {
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok()
+}
+
+/// Checks `Origin` and picks the subprotocol for the upgrade response.
 // The signature is tungstenite's `Callback`; its error type is not ours to shrink.
 #[allow(clippy::result_large_err)]
-fn choose_subprotocol(
+fn answer_upgrade(
+    allowed: &[String],
     request: &Request,
     mut response: Response,
 ) -> Result<Response, ErrorResponse> {
+    let header = |name| {
+        request
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap_or("(not text)"))
+    };
+    if let Err(reason) = check_origin(header("Origin"), header("Host"), allowed) {
+        let mut refusal = ErrorResponse::new(Some(reason));
+        *refusal.status_mut() = StatusCode::FORBIDDEN;
+        return Err(refusal);
+    }
     let offers_binary = request
         .headers()
         .get_all(SUBPROTOCOL_HEADER)
@@ -60,26 +116,44 @@ fn choose_subprotocol(
     Ok(response)
 }
 
-/// Runs the server side of the HTTP upgrade on a non-blocking `stream`.
-/// Fails on a bad request, a timeout or server shutdown.
-pub fn accept(stream: TcpStream, shutdown: &EventFd) -> Result<WsTransport, String> {
+/// Runs the server side of the HTTP upgrade on a non-blocking `stream`,
+/// allowing the `Origin`s in `allowed` besides none and our own. Fails on
+/// a bad request or origin, at `deadline`, or at server shutdown.
+pub fn accept(
+    stream: TcpStream,
+    shutdown: &EventFd,
+    deadline: Instant,
+    allowed: &[String],
+) -> Result<WsTransport, String> {
     let poller =
         Poller::new(stream.as_raw_fd(), None, shutdown).map_err(|e| format!("poll setup: {e}"))?;
-    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let config = WebSocketConfig::default()
         .max_message_size(Some(MAX_MESSAGE))
         .max_frame_size(Some(MAX_MESSAGE));
-    let mut attempt = tungstenite::accept_hdr_with_config(stream, choose_subprotocol, Some(config));
+    // The signature is tungstenite's `Callback`, as for answer_upgrade.
+    #[allow(clippy::result_large_err)]
+    let callback = |request: &Request, response| answer_upgrade(allowed, request, response);
+    let mut attempt = tungstenite::accept_hdr_with_config(stream, callback, Some(config));
     loop {
         match attempt {
             Ok(ws) => return Ok(WsTransport { ws }),
+            // Our own refusal (written to the peer already): its reason.
+            Err(HandshakeError::Failure(tungstenite::Error::Http(response))) => {
+                let reason = response
+                    .body()
+                    .as_deref()
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default()
+                    .into_owned();
+                return Err(format!("refused: {reason}"));
+            }
             Err(HandshakeError::Failure(e)) => {
                 return Err(format!("WebSocket handshake failed: {e}"))
             }
             Err(HandshakeError::Interrupted(mid)) => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Err("WebSocket handshake timed out".to_string());
+                    return Err("handshake timed out (WebSocket upgrade)".to_string());
                 }
                 let ready = poller
                     .wait(Some(left.min(HANDSHAKE_RETRY)))
@@ -161,5 +235,47 @@ impl Transport for WsTransport {
         // wait for the peer's answer.
         let _ = self.ws.close(None);
         let _ = self.ws.get_ref().shutdown(Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_origin;
+
+    #[test]
+    fn origins_none_own_and_listed_pass_others_are_refused() {
+        let listed = vec!["https://console.example:8443".to_string()];
+        // A non-browser client sends none.
+        assert!(check_origin(None, Some("127.0.0.1:5700"), &[]).is_ok());
+        // The page was served from this address (noVNC beside the server).
+        assert!(check_origin(Some("http://127.0.0.1:5700"), Some("127.0.0.1:5700"), &[]).is_ok());
+        assert!(check_origin(Some("http://LOCALHOST:5700/"), Some("localhost:5700"), &[]).is_ok());
+        assert!(check_origin(Some("http://[::1]:5700"), Some("[::1]:5700"), &[]).is_ok());
+        // Listed, in any case.
+        assert!(check_origin(
+            Some("HTTPS://console.example:8443"),
+            Some("127.0.0.1:5700"),
+            &listed
+        )
+        .is_ok());
+        // Another page in the host's browser.
+        for (origin, host) in [
+            ("https://evil.example", Some("127.0.0.1:5700")),
+            ("http://127.0.0.1:8080", Some("127.0.0.1:5700")),
+            ("http://127.0.0.1:5700", None),
+            ("null", Some("127.0.0.1:5700")),
+            ("https://console.example:8444", Some("127.0.0.1:5700")),
+            // DNS rebinding: a name that resolves to us is not our origin.
+            ("http://vm.example:5700", Some("vm.example:5700")),
+        ] {
+            let e = check_origin(Some(origin), host, &listed).unwrap_err();
+            assert!(
+                e.contains("not allowed (HTTP 403)") && !e.contains('\n'),
+                "{e}"
+            );
+        }
+        let long = "x".repeat(10_000);
+        let e = check_origin(Some(&long), None, &[]).unwrap_err();
+        assert!(e.len() < 250, "{e}");
     }
 }

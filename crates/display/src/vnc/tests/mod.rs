@@ -48,6 +48,16 @@ fn localhost() -> SocketAddr {
 }
 
 fn start_with(w: u16, h: u16, password: Option<&str>, websocket: bool) -> Setup {
+    start_front(w, h, password, websocket, super::FrontDoor::default())
+}
+
+fn start_front(
+    w: u16,
+    h: u16,
+    password: Option<&str>,
+    websocket: bool,
+    front_door: super::FrontDoor,
+) -> Setup {
     let screen = Arc::new(Screen::new(w, h));
     let input = Arc::new(Recorder::default());
     let config = VncConfig {
@@ -55,6 +65,7 @@ fn start_with(w: u16, h: u16, password: Option<&str>, websocket: bool) -> Setup 
         websocket: websocket.then(localhost),
         password: password.map(str::to_string),
         name: "hakoniwa-test".to_string(),
+        front_door,
     };
     let server = VncServer::start(config, screen.clone(), input.clone()).expect("start");
     Setup {
@@ -785,6 +796,7 @@ fn address_in_use_is_an_error() {
         websocket: None,
         password: None,
         name: String::new(),
+        front_door: super::FrontDoor::default(),
     };
     let input: Arc<dyn InputSink> = t.input.clone();
     assert!(VncServer::start(config, t.screen.clone(), input).is_err());
@@ -801,4 +813,134 @@ fn stats_serialize() {
     assert!(st.encode_ns > 0);
     let json = serde_json::to_string(&st).unwrap();
     assert!(json.contains("\"rects_raw\":1"));
+}
+
+/// A WebSocket upgrade to `addr` with `origin` (None: no Origin header).
+fn ws_upgrade(
+    addr: SocketAddr,
+    origin: Option<&str>,
+) -> Result<client::WsStream, tungstenite::Error> {
+    use tungstenite::client::IntoClientRequest;
+    let mut request = format!("ws://{addr}/").into_client_request().unwrap();
+    if let Some(origin) = origin {
+        request
+            .headers_mut()
+            .insert("Origin", origin.parse().unwrap());
+    }
+    tungstenite::client(request, tcp(addr))
+        .map(|(ws, _)| client::WsStream::new(ws))
+        .map_err(|e| match e {
+            tungstenite::HandshakeError::Failure(e) => e,
+            tungstenite::HandshakeError::Interrupted(_) => panic!("blocking client interrupted"),
+        })
+}
+
+#[test]
+fn websocket_origin_is_checked() {
+    let front_door = super::FrontDoor {
+        origins: vec!["https://console.example:8443".into()],
+        ..Default::default()
+    };
+    let t = start_front(16, 16, None, true, front_door);
+    let addr = t.server.websocket_addr().unwrap();
+    // Another page in the host's browser: 403, the reason in the body.
+    match ws_upgrade(addr, Some("https://evil.example")) {
+        Err(tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 403);
+            let body = String::from_utf8_lossy(response.body().as_deref().unwrap_or_default())
+                .into_owned();
+            assert!(
+                body.contains("\"https://evil.example\" is not allowed"),
+                "{body}"
+            );
+            assert!(!body.contains('\n'), "{body}");
+        }
+        Err(e) => panic!("expected HTTP 403, got {e}"),
+        Ok(_) => panic!("a foreign Origin was let in"),
+    }
+    eventually("the refusal counted", || {
+        t.server.stats().clients_refused == 1
+    });
+    assert_eq!(t.server.clients(), 0);
+    // No Origin (not a browser), our own, and a listed one get through.
+    let own = format!("http://{addr}");
+    for origin in [
+        None,
+        Some(own.as_str()),
+        Some("https://console.example:8443"),
+    ] {
+        let ws = ws_upgrade(addr, origin).unwrap_or_else(|e| panic!("{origin:?}: {e}"));
+        let mut c = handshake(ws, None);
+        c.request(false, c.full());
+        c.read_update();
+    }
+}
+
+#[test]
+fn an_idle_connection_is_closed_at_the_timeout_and_others_get_through() {
+    let timeout = Duration::from_millis(600);
+    let front_door = super::FrontDoor {
+        handshake_timeout: timeout,
+        ..Default::default()
+    };
+    let t = start_front(16, 16, Some("pw"), true, front_door);
+    let opened = Instant::now();
+    let mut idle = tcp(t.server.local_addr());
+    let mut idle_ws = tcp(t.server.websocket_addr().unwrap());
+    // A real client authenticates meanwhile.
+    let mut c = handshake(tcp(t.server.local_addr()), Some("pw"));
+    c.request(false, c.full());
+    c.read_update();
+    assert_eq!(read_n(&mut idle, 12).unwrap(), b"RFB 003.008\n");
+    assert!(
+        closed_by_server(&mut idle),
+        "the idle RFB socket stays open"
+    );
+    assert!(
+        closed_by_server(&mut idle_ws),
+        "the idle WebSocket stays open"
+    );
+    let took = opened.elapsed();
+    assert!(
+        took >= timeout && took < timeout + Duration::from_secs(3),
+        "{took:?}"
+    );
+    // The real client was not held to the handshake's timeout.
+    std::thread::sleep(timeout);
+    c.request(false, c.full());
+    c.read_update();
+    assert_eq!(t.server.clients(), 1);
+}
+
+#[test]
+fn connections_short_of_the_handshake_are_limited_per_address() {
+    let front_door = super::FrontDoor {
+        pending_per_address: 2,
+        ..Default::default()
+    };
+    let t = start_front(16, 16, None, false, front_door);
+    let addr = t.server.local_addr();
+    let version = |s: &mut std::net::TcpStream| read_n(s, 12).map(|v| v == b"RFB 003.008\n");
+    let mut idle_a = tcp(addr);
+    assert!(version(&mut idle_a).unwrap());
+    // A client that finishes the handshake no longer counts.
+    let mut c = handshake(tcp(addr), None);
+    let mut idle_b = tcp(addr);
+    assert!(version(&mut idle_b).unwrap());
+    // A third idle one from this address is turned away at once.
+    let mut refused = tcp(addr);
+    assert!(closed_by_server(&mut refused), "a third pending connection");
+    eventually("the refusal counted", || {
+        t.server.stats().clients_refused == 1
+    });
+    // The one that got through still works.
+    c.request(false, c.full());
+    c.read_update();
+    // A pending one leaves: its place is free again.
+    drop(idle_a);
+    eventually("a place to free up", || {
+        let mut s = tcp(addr);
+        version(&mut s).unwrap_or(false)
+    });
+    drop(idle_b);
 }
