@@ -91,8 +91,10 @@ pub struct FrontDoor {
     pub pending_per_address: usize,
 }
 
-/// Default [`FrontDoor::handshake_timeout`]: a person typing a password
-/// in a client that asks for it only after connecting still makes it.
+/// Default [`FrontDoor::handshake_timeout`]: clients that know the
+/// password (noVNC given it in the URL, vncviewer with -passwd) finish in
+/// milliseconds; a viewer that prompts only after connecting gives its
+/// user these seconds to type, or `handshake_timeout=` more.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default [`FrontDoor::pending_per_address`]: a browser tab opens one or
 /// two, a reconnecting client one more.
