@@ -112,13 +112,20 @@ impl HostCacheProbe {
     /// `mincore` alone: (resident pages, pages spanned) of `len` bytes at
     /// `offset`. Changes nothing in the cache.
     pub fn resident_pages(&self, offset: u64, len: u64) -> io::Result<(u64, u64)> {
+        let vec = self.resident_vector(offset, len)?;
+        let resident = vec.iter().filter(|&&b| b & 1 != 0).count() as u64;
+        Ok((resident, vec.len() as u64))
+    }
+
+    /// `mincore`'s vector of the pages `len` bytes at `offset` span.
+    fn resident_vector(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
         self.check_range(offset, len)?;
         let Some(mapping) = &self.mapping else {
-            return Ok((0, 0));
+            return Ok(Vec::new());
         };
         let (first_page, pages) = page_span(offset, len, self.page_size);
         if pages == 0 {
-            return Ok((0, 0));
+            return Ok(Vec::new());
         }
         let mut vec = vec![0u8; pages as usize];
         let start = first_page * self.page_size;
@@ -143,8 +150,36 @@ impl HostCacheProbe {
         if ret != 0 {
             return Err(io::Error::last_os_error());
         }
-        let resident = vec.iter().filter(|&&b| b & 1 != 0).count() as u64;
-        Ok((resident, pages))
+        Ok(vec)
+    }
+
+    /// `mincore` of the whole file: the indices of its resident pages, in
+    /// [`page_bytes`](Self::page_bytes) pages (for the bytes cached twice,
+    /// against the guest's resident blocks). Changes nothing in the cache;
+    /// a page-table walk of the whole image, in chunks of 64 MiB.
+    pub fn resident_page_indices(&self) -> io::Result<Vec<u64>> {
+        const CHUNK_PAGES: u64 = 16384;
+        let total = self.file_len.div_ceil(self.page_size);
+        let mut out = Vec::new();
+        let mut first = 0;
+        while first < total {
+            let pages = CHUNK_PAGES.min(total - first);
+            let len = (pages * self.page_size).min(self.file_len - first * self.page_size);
+            let vec = self.resident_vector(first * self.page_size, len)?;
+            out.extend(
+                vec.iter()
+                    .enumerate()
+                    .filter(|(_, &b)| b & 1 != 0)
+                    .map(|(i, _)| first + i as u64),
+            );
+            first += pages;
+        }
+        Ok(out)
+    }
+
+    /// The host's page size, the unit of [`resident_page_indices`](Self::resident_page_indices).
+    pub fn page_bytes(&self) -> u64 {
+        self.page_size
     }
 
     /// The bytes a `RWF_NOWAIT` read of the range returns: its cached prefix.
@@ -408,6 +443,22 @@ mod tests {
         let residency = probe.probe(100, half - 100).unwrap();
         assert!(residency.fully_resident(), "{residency:?}");
         assert!(residency.nowait_hit);
+    }
+
+    #[test]
+    fn resident_page_indices_are_the_pages_read() {
+        let Some(dir) = evictable_dir() else { return };
+        let file = cold_file(&dir);
+        no_readahead(&file);
+        let page = page_size();
+        let probe = HostCacheProbe::open(&file).unwrap();
+        assert_eq!(probe.resident_page_indices().unwrap(), Vec::<u64>::new());
+        // Pages 3, 4 and 40.
+        let mut buf = vec![0u8; 2 * page as usize];
+        file.read_exact_at(&mut buf, 3 * page).unwrap();
+        file.read_exact_at(&mut buf[..1], 40 * page + 7).unwrap();
+        assert_eq!(probe.page_bytes(), page);
+        assert_eq!(probe.resident_page_indices().unwrap(), vec![3, 4, 40]);
     }
 
     #[test]
