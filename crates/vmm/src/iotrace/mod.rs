@@ -12,6 +12,7 @@
 //! ([`IoTraceReport`]); [`table`] is `ctl iotrace report`'s text.
 
 pub mod advise;
+pub mod agent;
 pub mod table;
 
 use std::collections::BTreeMap;
