@@ -253,9 +253,10 @@ enum CtlCommandArg {
         #[arg(long, value_name = "LIST", value_parser = parse_choice::<api::Boundaries>)]
         boundaries: Option<api::Boundaries>,
     },
-    /// Trace a disk's I/O layer by layer: the virtual disk's requests and
-    /// the host page cache's share of its reads, the host device under
-    /// the image (docs/iotrace.md). `stop` and `report` print the window's
+    /// Trace a disk's I/O layer by layer: the named guest processes' I/O
+    /// (the guest agent), the virtual disk's requests and the host page
+    /// cache's share of its reads, the host device under the image
+    /// (docs/iotrace.md). `stop` and `report` print the window's
     /// report (a table, or the API's JSON).
     Iotrace {
         #[arg(value_enum)]
@@ -270,6 +271,18 @@ enum CtlCommandArg {
         /// lines at the stop (relative paths are made absolute here).
         #[arg(long, value_name = "PATH")]
         trace_file: Option<PathBuf>,
+        /// start only: a guest process whose file I/O is the application
+        /// layer (asked of the guest agent over --vsock; a shell counts
+        /// the commands it has waited for). Repeatable.
+        #[arg(long = "pid", value_name = "P")]
+        pids: Vec<u32>,
+        /// start only: every guest process of this name. Repeatable.
+        #[arg(long = "comm", value_name = "NAME")]
+        comms: Vec<String>,
+        /// start only: the disk's device in the guest (default: the
+        /// virtio-blk name of its place among the disks, /dev/vda first).
+        #[arg(long, value_name = "DEV")]
+        guest_dev: Option<String>,
     },
     /// Recommend the guest's memory, I/O mode and swap and the disk's cache
     /// mode from a traced disk's window (seed 002's advisor,
@@ -551,10 +564,20 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
             disk,
             json,
             trace_file,
+            pids,
+            comms,
+            guest_dev,
         } => {
             let action = api::IoTraceAction::from(action);
             if trace_file.is_some() && action != api::IoTraceAction::Start {
                 return Err("ctl iotrace: --trace-file is given with start".into());
+            }
+            if (!pids.is_empty() || !comms.is_empty() || guest_dev.is_some())
+                && action != api::IoTraceAction::Start
+            {
+                return Err(
+                    "ctl iotrace: --pid, --comm and --guest-dev are given with start".into(),
+                );
             }
             let trace_file = match trace_file {
                 Some(path) => Some(absolute_utf8("--trace-file", &path)?),
@@ -564,6 +587,9 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
                 action,
                 disk,
                 trace_file,
+                pids,
+                comms,
+                guest_dev,
             });
             let output = api::run_ctl(&args.api_socket, &command).map_err(|e| e.to_string())?;
             if json || action == api::IoTraceAction::Start {

@@ -254,6 +254,17 @@ pub struct IoTraceRequest {
     /// as the VMM sees it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_file: Option<String>,
+    /// Start only: the guest processes whose file I/O is the application
+    /// layer, by pid (the guest agent's `/proc/PID/io`, docs/iotrace.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pids: Vec<u32>,
+    /// Start only: and every guest process of these names (`comm`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub comms: Vec<String>,
+    /// Start only: the disk's device in the guest (default: the virtio-blk
+    /// name of its place among the VM's disks, `/dev/vda` for the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_dev: Option<String>,
 }
 
 /// Body of `PUT /api/v1/vm.latency-histogram`.

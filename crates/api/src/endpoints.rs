@@ -276,6 +276,9 @@ mod tests {
                 action: crate::action::IoTraceAction::Start,
                 disk: Some("data".into()),
                 trace_file: Some("/tmp/trace.jsonl".into()),
+                pids: vec![1, 42],
+                comms: vec!["fio".into()],
+                guest_dev: Some("/dev/vdb".into()),
             }),
             ApiAction::Advise(crate::action::AdviseRequest {
                 disk: Some("data".into()),

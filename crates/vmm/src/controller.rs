@@ -499,17 +499,27 @@ impl VmControl {
             }
             _ => ApiError::bad_request(e.to_string()),
         };
-        if request.trace_file.is_some() && request.action != api::IoTraceAction::Start {
+        let start_only = request.trace_file.is_some()
+            || !request.pids.is_empty()
+            || !request.comms.is_empty()
+            || request.guest_dev.is_some();
+        if start_only && request.action != api::IoTraceAction::Start {
             return Err(ApiError::bad_request(
-                "trace_file is given at the start of a trace",
+                "trace_file, pids, comms and guest_dev are given at the start of a trace",
             ));
         }
         let report = match request.action {
             api::IoTraceAction::Start => {
+                let options = crate::iotrace::StartOptions {
+                    trace_file: request.trace_file.clone(),
+                    pids: request.pids.clone(),
+                    comms: request.comms.clone(),
+                    guest_dev: request.guest_dev.clone(),
+                };
                 return trace
-                    .start(disk, request.trace_file.as_deref())
+                    .start(disk, &options)
                     .map(|()| ApiResponse::Empty)
-                    .map_err(refused)
+                    .map_err(refused);
             }
             api::IoTraceAction::Stop => trace.stop(disk),
             api::IoTraceAction::Report => trace.report(disk),

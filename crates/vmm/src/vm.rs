@@ -151,7 +151,10 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
             display: display.as_ref().map(|d| d.control()),
             balloon: virtio.balloon.clone(),
             counters: Arc::new(VmCounters::new(std::mem::take(&mut virtio.counted))),
-            iotrace: Arc::new(VmIoTrace::new(std::mem::take(&mut virtio.traceable))),
+            iotrace: Arc::new(VmIoTrace::new(
+                std::mem::take(&mut virtio.traceable),
+                vsock_uds(config),
+            )),
             disks: virtio.disks.clone(),
             pauser,
             inspector: inspector.clone(),
@@ -175,6 +178,15 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
 
 /// A disk whose `werror`/`rerror=stop` holds a failed request pauses the
 /// VM and says why, once per stop (`ctl resume` retries, docs/devices.md).
+/// The `--vsock` Unix socket, through which the I/O tracer asks the guest
+/// agent (a bad `--vsock` was refused when its device was made).
+fn vsock_uds(config: &VmConfig) -> Option<std::path::PathBuf> {
+    let options = config.virtio.vsock.as_deref()?;
+    devices::virtio::vsock::VsockConfig::parse(options)
+        .ok()
+        .map(|c| c.uds)
+}
+
 fn stop_on_disk_errors(disks: &crate::disks::Disks, pauser: &Arc<VcpuPauser>) {
     let pauser = pauser.clone();
     disks.on_stop(Arc::new(move |reason| {
