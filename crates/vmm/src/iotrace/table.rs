@@ -85,7 +85,12 @@ pub fn render(report: &IoTraceReport) -> String {
     for p in report.processes.iter().take(MAX_PROCESS_LINES) {
         match &p.error {
             Some(e) => {
-                let _ = writeln!(out, "  process {} {}: {e}", p.pid, p.comm);
+                let comm = if p.comm.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", p.comm)
+                };
+                let _ = writeln!(out, "  process {}{comm}: {e}", p.pid);
             }
             None => {
                 let _ = writeln!(
@@ -354,7 +359,7 @@ mod tests {
             lines[7],
             "  process 7 (sh): read 4.0MiB in 4 calls, wrote 0B in 0; 1 O_DIRECT of 1 open files"
         );
-        assert_eq!(lines[8], "  process 9 : no such process");
+        assert_eq!(lines[8], "  process 9: no such process");
         assert_eq!(
             lines[9],
             "guest: 512.0MiB memory, 400.0MiB available, 64.0MiB cached, swap 0B free of 0B; direct I/O: yes"
