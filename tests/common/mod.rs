@@ -222,7 +222,11 @@ impl Vmm {
             format!("__begin_{}__\n", n + 1),
             format!("__end_{}__", n + 2),
         );
-        let skip = self.stdout().len();
+        // Where this command's output starts, in the output as compared
+        // below (without \r): the raw length would skip one byte more per
+        // \r so far, and in a long session cut off a short command's
+        // begin marker.
+        let skip = self.stdout().replace('\r', "").len();
         self.send(&format!(
             "echo __begin_$(({n}+1))__; {command}; echo __end_$(({n}+2))__\n"
         ));
