@@ -274,7 +274,8 @@ pub struct LayerTotals {
 
 /// As [`report`], with the application and physical layers given as
 /// totals or absent (e.g. the host device's `/sys/block/*/stat` deltas,
-/// [`crate::physical`], and no guest agent); only the virtual disk's
+/// [`crate::physical`], and the guest agent's `/proc/PID/io` deltas or no
+/// application layer); only the virtual disk's
 /// records are read from `records`.
 pub fn report_from_layers(
     window: Window,

@@ -27,8 +27,9 @@
 //! a guest buffer at hand, so host programs see back-pressure through their
 //! own socket.
 //!
-//! A guest agent (later work) is just a vsock listener in the guest: the
-//! VMM reaches it like any host program, through `uds` and `CONNECT`.
+//! A guest agent is just a vsock listener in the guest: the
+//! VMM reaches it like any host program, through `uds` and `CONNECT`
+//! (the I/O tracer's hk-ioagent: crates/vmm/src/iotrace/agent.rs).
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
