@@ -43,6 +43,22 @@ pub struct AgentQuery {
 }
 
 impl AgentQuery {
+    /// This query's processes alone (the answer also has the meminfo).
+    pub fn processes(&self) -> AgentQuery {
+        AgentQuery {
+            devices: Vec::new(),
+            ..self.clone()
+        }
+    }
+
+    /// This query's devices alone.
+    pub fn devices(&self) -> AgentQuery {
+        AgentQuery {
+            devices: self.devices.clone(),
+            ..AgentQuery::default()
+        }
+    }
+
     /// The request line, newline included; one-line refusal of a name the
     /// grammar cannot carry.
     pub fn request_line(&self) -> Result<String, AgentError> {

@@ -218,7 +218,7 @@ impl VmIoTrace {
         };
         query.request_line()?;
         let named = !query.pids.is_empty() || !query.comms.is_empty();
-        let agent_start = self.ask(&query);
+        let agent_start = self.ask(&query.processes());
         if named {
             let answer = agent_start.as_ref().map_err(|e| e.clone())?;
             for entry in &answer.processes {
@@ -274,6 +274,17 @@ impl VmIoTrace {
         agent::ask(uds, query)
     }
 
+    /// The agent's answers now: the processes and the guest's memory, then
+    /// the disk's residency on a connection of its own (walking a large
+    /// file system may outlast the timeout; the application layer must
+    /// not depend on it).
+    fn ask_now(&self, query: &AgentQuery) -> AgentNow {
+        AgentNow {
+            processes: self.ask(&query.processes()),
+            devices: self.ask(&query.devices()),
+        }
+    }
+
     /// The report of `disk`'s window so far.
     pub fn report(&self, disk: Option<&str>) -> Result<IoTraceReport, IoTraceError> {
         let disk = self.disk(disk)?;
@@ -281,7 +292,7 @@ impl VmIoTrace {
         let window = windows
             .get(&disk.id)
             .ok_or_else(|| IoTraceError::NotTraced(disk.id.clone()))?;
-        let agent_now = self.ask(&window.query);
+        let agent_now = self.ask_now(&window.query);
         Ok(report_of(disk, window, &agent_now, true))
     }
 
@@ -296,7 +307,7 @@ impl VmIoTrace {
         // The session was started with the window; another stop cannot
         // have ended it (both hold `windows`).
         let _ = disk.tracer.stop();
-        let agent_now = self.ask(&window.query);
+        let agent_now = self.ask_now(&window.query);
         let mut report = report_of(disk, &window, &agent_now, false);
         if let Some((path, file)) = window.trace_file.take() {
             write_records(file, &window.session).map_err(|e| IoTraceError::TraceFile {
@@ -383,7 +394,7 @@ impl VmIoTrace {
 fn report_of(
     disk: &TraceableDisk,
     window: &HostWindow,
-    agent_now: &Result<AgentAnswer, AgentError>,
+    agent_now: &AgentNow,
     tracing: bool,
 ) -> IoTraceReport {
     let session = &window.session;
@@ -482,6 +493,14 @@ fn report_of(
     }
 }
 
+/// The agent's answers at a report.
+struct AgentNow {
+    /// To the processes named (and the guest's memory).
+    processes: Result<AgentAnswer, AgentError>,
+    /// To the traced disk's guest device.
+    devices: Result<AgentAnswer, AgentError>,
+}
+
 /// What a window's report takes from the guest agent.
 struct FromAgent {
     /// The application layer: the named processes' counter deltas.
@@ -500,8 +519,9 @@ struct FromAgent {
 fn from_agent(
     query: &AgentQuery,
     start: &Result<AgentAnswer, AgentError>,
-    now: &Result<AgentAnswer, AgentError>,
+    agent_now: &AgentNow,
 ) -> FromAgent {
+    let now = &agent_now.processes;
     let named = !query.pids.is_empty() || !query.comms.is_empty();
     let (application, application_text, processes) = match (named, start, now) {
         (false, _, _) => (None, APPLICATION_ABSENT.to_string(), Vec::new()),
@@ -573,7 +593,7 @@ fn from_agent(
         }
         Err(e) => Err(e.to_string()),
     };
-    let residency = match now {
+    let residency = match &agent_now.devices {
         Ok(answer) => {
             let device = query.devices.first().cloned().unwrap_or_default();
             match answer.device(&device) {
@@ -776,14 +796,14 @@ mod tests {
         trace.start(Some("data"), &none()).unwrap();
     }
 
-    /// A fake vsock socket whose agent gives `answers` in turn, one a
-    /// connection, after checking each request line is `request`.
-    fn fake_agent(dir: &Path, request: &'static str, answers: Vec<String>) -> PathBuf {
+    /// A fake vsock socket whose agent takes `exchanges` in turn, one a
+    /// connection: the request line it must get, and its answer.
+    fn fake_agent(dir: &Path, exchanges: Vec<(&'static str, String)>) -> PathBuf {
         use std::io::{BufRead, BufReader};
         let path = dir.join("vsock.sock");
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         std::thread::spawn(move || {
-            for answer in answers {
+            for (request, answer) in exchanges {
                 let (stream, _) = listener.accept().unwrap();
                 let mut reader = BufReader::new(stream.try_clone().unwrap());
                 let mut line = String::new();
@@ -811,14 +831,18 @@ mod tests {
         // The data disk's image, read so the host caches both its pages.
         let image = dir.path.join("data.img");
         assert_eq!(std::fs::read(&image).unwrap().len(), 8192);
+        let processes = "report pid=7\n";
+        let device = "report dev=/dev/vdb\n";
         let uds = fake_agent(
             &dir.path,
-            "report pid=7 dev=/dev/vdb\n",
             vec![
-                answer(1000, 10, 0, "", 0),
-                answer(1000 + (16 << 20), 10 + 16, 1, "[1,1]", 1),
-                // The agent gone wrong at the stop.
-                "{\"agent\":\"hk-ioagent 1\"}\n".into(),
+                (processes, answer(1000, 10, 0, "", 0)),
+                (processes, answer(1000 + (16 << 20), 10 + 16, 1, "", 0)),
+                (device, answer(0, 0, 0, "[1,1]", 1)),
+                // The agent gone wrong at the stop, for the processes;
+                // the device is still measured.
+                (processes, "{\"agent\":\"hk-ioagent 1\"}\n".into()),
+                (device, answer(0, 0, 0, "[0,2]", 2)),
             ],
         );
         let trace = VmIoTrace::new(trace.disks, Some(uds));
@@ -871,7 +895,8 @@ mod tests {
             stopped.application
         );
         assert!(stopped.guest.is_none() && stopped.guest_unavailable.is_some());
-        assert!(stopped.double_cached_measured.is_none());
+        let measured = stopped.double_cached_measured.unwrap();
+        assert_eq!(measured.guest_bytes, 8192);
     }
 
     #[test]
@@ -879,8 +904,7 @@ mod tests {
         let (trace, dir) = vm(&["data"]);
         let uds = fake_agent(
             &dir.path,
-            "report pid=99 comm=fio dev=/dev/vdz\n",
-            vec![r#"{"agent":"hk-ioagent 1","meminfo":{"mem_total_kib":1,"mem_available_kib":1,"cached_kib":1,"swap_total_kib":0,"swap_free_kib":0},"processes":[{"pid":99,"error":"no such process"}],"devices":[{"path":"/dev/vdz","error":"not a block device"}]}"#.to_string() + "\n"],
+            vec![("report pid=99 comm=fio\n", r#"{"agent":"hk-ioagent 1","meminfo":{"mem_total_kib":1,"mem_available_kib":1,"cached_kib":1,"swap_total_kib":0,"swap_free_kib":0},"processes":[{"pid":99,"error":"no such process"}],"devices":[{"path":"/dev/vdz","error":"not a block device"}]}"#.to_string() + "\n")],
         );
         let trace = VmIoTrace::new(trace.disks, Some(uds));
         let options = StartOptions {
