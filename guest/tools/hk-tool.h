@@ -1,9 +1,10 @@
 /*
- * hk-tool.h: what the guest tools hk-fbdraw, hk-video and hk-input share:
+ * hk-tool.h: what the guest tools hk-fbdraw, hk-video, hk-input and
+ * hk-ioagent share:
  * the one-line error exits (die, and its shorthands fail: status 1 and
  * bad_flag: status 2), parsing of numeric flag values (int_arg, num_arg) and
- * CLOCK_MONOTONIC time (now, sleep_until). Included by hk-input.c and by
- * hk-fb.h (so by hk-fbdraw.c and hk-video.c).
+ * CLOCK_MONOTONIC time (now, sleep_until). Included by hk-input.c,
+ * hk-ioagent.c and hk-fb.h (so by hk-fbdraw.c and hk-video.c).
  *
  * Each tool is one .c file built on its own (gcc -static -Os -s, see
  * scripts/build-guest), so everything here is static; a tool defines
