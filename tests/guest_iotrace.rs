@@ -22,6 +22,10 @@
 //!   one request, and the estimate is within 25 % of the measure; read
 //!   again, 16 MiB at the application layer, ~0 at the disk (guest hit
 //!   ratio ~1); after drop_caches in the guest, the hit ratio falls to ~0;
+//! - `ctl advise` on the window after the drop (16 MiB read once): a
+//!   stream, direct I/O advised, the guest's memory from its agent;
+//!   `--apply` refused with one line (this VM has no balloon), and advise
+//!   refused once the disk is no longer traced;
 //! - a live process with an O_DIRECT file open makes the report's
 //!   `guest.direct_io` true;
 //! - `--trace-file` holds the window's records as JSON lines.
@@ -406,7 +410,32 @@ fn the_layers_agree_for_direct_and_buffered_reads() {
             "echo 3 > /proc/sys/vm/drop_caches; {file_buffered}"
         ))
         .contains("rc=0"));
+    // The advisor on this window: 16 MiB read once is a stream, whatever
+    // the guest's memory; --apply needs a balloon this VM has not.
+    let (ok, out) = ctl(&socket, &["advise", "--disk", "data", "--apply"]);
+    assert!(
+        !ok && out.trim().lines().count() == 1 && out.contains("the VM has no balloon"),
+        "{out}"
+    );
+    let (ok, out) = ctl(&socket, &["advise", "--disk", "data", "--json"]);
+    assert!(ok, "{out}");
+    let advice: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(advice["guest"]["source"], "guest_agent", "{advice:#}");
+    assert_eq!(advice["advice"]["regime"], "streaming", "{advice:#}");
+    assert_eq!(
+        advice["advice"]["guest_io"]["recommended"], "direct",
+        "{advice:#}"
+    );
+    assert!(advice["applied"].is_null(), "{advice:#}");
+    let (ok, advice_text) = ctl(&socket, &["advise", "--disk", "data"]);
+    assert!(ok && advice_text.contains("guest memory"), "{advice_text}");
     let dropped = iotrace_json(&socket, &["stop", "--disk", "data"]);
+    let (ok, out) = ctl(&socket, &["advise", "--disk", "data"]);
+    assert!(
+        !ok && out.trim().lines().count() == 1 && out.contains("disk 'data' is not traced"),
+        "{out}"
+    );
     let (app_read, vdisk_read) = reads(&dropped);
     let dropped_ratio = f64_at(&dropped, &["layers", "guest_cache", "hit_ratio"]);
     summary += &format!(
@@ -443,5 +472,5 @@ fn the_layers_agree_for_direct_and_buffered_reads() {
         table.contains(disk.dev.trim_start_matches("/dev/")),
         "{table}"
     );
-    eprintln!("{cold_table}{table}{summary}");
+    eprintln!("{cold_table}{table}{advice_text}{summary}");
 }

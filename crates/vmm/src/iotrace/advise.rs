@@ -21,7 +21,7 @@ use iotrace::layers;
 use iotrace::reuse::ReuseProfile;
 use serde::{Deserialize, Serialize};
 
-use super::{IoTraceError, VmIoTrace};
+use super::{GuestFacts, IoTraceError, VmIoTrace};
 
 const MIB: u64 = 1 << 20;
 
@@ -87,6 +87,20 @@ pub enum GuestMemorySource {
 }
 
 impl GuestMemory {
+    /// From the guest agent's `/proc/meminfo` and the traced programs'
+    /// open files.
+    pub fn from_agent(facts: &GuestFacts) -> GuestMemory {
+        GuestMemory {
+            total_bytes: facts.mem_total,
+            available_bytes: facts.mem_available,
+            cached_bytes: facts.cached,
+            swap_total_bytes: Some(facts.swap_total),
+            swap_used_bytes: Some(facts.swap_total.saturating_sub(facts.swap_free)),
+            direct_io: facts.direct_io,
+            source: GuestMemorySource::GuestAgent,
+        }
+    }
+
     /// From the balloon's statistics queue: total, available and the page
     /// cache are there (Linux's virtio_balloon sends all three); swap's
     /// size is not.
@@ -169,10 +183,20 @@ pub fn advise(
     if report.layers.virtual_disk.requests() == 0 {
         return Err(AdviseError::EmptyWindow(report.disk));
     }
-    let guest = guest_memory(target.balloon)?;
+    // The agent's answer at this report when the window has one (it
+    // knows swap and the programs' O_DIRECT), else the balloon's.
+    let guest = match &report.guest {
+        Some(facts) => GuestMemory::from_agent(facts),
+        None => guest_memory(target.balloon)?,
+    };
     let balloon_mib = target.balloon.map_or(0, |b| b.actual_mib());
     let (host_share, host_note) = host_cache_share(target.proc_root);
-    let facts = vm_facts(&guest, target.memory_bytes, balloon_mib, host_share, cache);
+    let mut facts = vm_facts(&guest, target.memory_bytes, balloon_mib, host_share, cache);
+    // What the guest caches of this disk, where the agent measured it, is
+    // the cache the disk's re-reads see; `Cached` counts every file.
+    if let Some(measured) = &report.double_cached_measured {
+        facts.guest_cache_bytes = measured.guest_bytes;
+    }
     let source = match facts.guest_io {
         GuestIo::Direct => ProfileSource::Unfiltered,
         GuestIo::Buffered => ProfileSource::BehindGuestCache,

@@ -336,7 +336,12 @@ impl VmIoTrace {
             .iter()
             .filter_map(|r| r.io_record())
             .collect();
-        Ok((report_of(disk, window, true), records, disk.cache))
+        let agent_now = self.ask_now(&window.query);
+        Ok((
+            report_of(disk, window, &agent_now, true),
+            records,
+            disk.cache,
+        ))
     }
 
     /// Every disk, traced or not.
