@@ -105,15 +105,22 @@ class Console(PipeReader):
 SHELL_N = [0]
 
 
-def shell(con, command, timeout):
-    """Runs COMMAND in the guest shell; its output (the typed line's echo
-    never matches the markers: they are computed by the shell)."""
+def shell_start(con, command):
+    """Types COMMAND into the guest shell and returns at once; a token for
+    shell_wait. Several consoles' commands can so run at the same time."""
     SHELL_N[0] += 2
     n = SHELL_N[0]
-    begin = re.compile(rb"__b%d__\r?\n" % (n + 1))
-    end = re.compile(rb"__e%d__" % (n + 2))
     start = con.size()
     con.send("echo __b$((%d+1))__; %s; echo __e$((%d+2))__\n" % (n, command, n))
+    return (n, start, command)
+
+
+def shell_wait(con, token, timeout):
+    """The output of the command shell_start typed (the typed line's echo
+    never matches the markers: they are computed by the shell)."""
+    n, start, command = token
+    begin = re.compile(rb"__b%d__\r?\n" % (n + 1))
+    end = re.compile(rb"__e%d__" % (n + 2))
     m = con.wait(begin, start, timeout)
     if not m:
         raise RuntimeError("guest shell: %r did not start: %r" % (command, con.tail(400)))
@@ -122,3 +129,8 @@ def shell(con, command, timeout):
         raise RuntimeError("guest shell: %r did not finish: %r" % (command, con.tail(400)))
     with con.cond:
         return bytes(con.buf[m.end():e.start()]).decode("utf-8", "replace").replace("\r", "")
+
+
+def shell(con, command, timeout):
+    """Runs COMMAND in the guest shell; its output."""
+    return shell_wait(con, shell_start(con, command), timeout)
