@@ -10,47 +10,8 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{project_root, require_hardware_kvm, run_to_end, Vmm, GUEST_TIMEOUT};
-
-/// The shell prompt of root's automatic login on ttyS0.
-const ROOT_PROMPT: &str = "root@hakoniwa:~# ";
-
-/// Hardware KVM, and the Debian guest built and current: the script does
-/// nothing when it is, builds it when it is not (on the host; inside the
-/// rig it can only say so).
-fn require_debian_guest() {
-    require_hardware_kvm();
-    let out = Command::new(project_root().join("scripts/build-guest-debian"))
-        .output()
-        .expect("cannot run scripts/build-guest-debian");
-    assert!(
-        out.status.success(),
-        "scripts/build-guest-debian failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// `hakoniwa run` of the Debian guest with this kernel command line, the
-/// image read-only, plus `extra`.
-fn debian_args<'a>(cmdline: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec![
-        "run",
-        "--memory",
-        "512M",
-        "--kernel",
-        "build/guest/vmlinuz",
-        "--initramfs",
-        "build/guest/debian-initramfs.cpio.gz",
-        "--disk",
-        "path=build/guest/debian.img,readonly=on",
-        "--cmdline",
-        cmdline,
-    ];
-    args.extend_from_slice(extra);
-    args
-}
+use common::debian::{debian_args, require_debian_guest, ROOT_PROMPT};
+use common::{run_to_end, Vmm, GUEST_TIMEOUT};
 
 #[test]
 #[ignore = "boots a real guest: run through the rig (scripts/test)"]

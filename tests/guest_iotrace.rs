@@ -36,7 +36,8 @@ mod common;
 
 use std::process::Command;
 
-use common::{ctl, host_sh, project_root, require_hardware_kvm, temp_socket, Vmm};
+use common::debian::{debian_args, require_debian_guest, ROOT_PROMPT};
+use common::{ctl, host_sh, temp_socket, Vmm};
 
 const MIB: u64 = 1 << 20;
 /// What the guest reads each time.
@@ -49,22 +50,6 @@ const MAX_REQUEST: u64 = 1280 * 1024;
 /// command lines (readline reads them a byte at a time) and the
 /// programs' loaders' ELF headers.
 const SHELL_SLACK: u64 = 64 * 1024;
-/// The shell prompt of root's automatic login on the Debian guest's ttyS0.
-const ROOT_PROMPT: &str = "root@hakoniwa:~# ";
-
-/// The Debian guest built and current (scripts/build-guest-debian does
-/// nothing when it is; inside the rig it can only say it is not).
-fn require_debian_guest() {
-    let out = Command::new(project_root().join("scripts/build-guest-debian"))
-        .output()
-        .expect("cannot run scripts/build-guest-debian");
-    assert!(
-        out.status.success(),
-        "scripts/build-guest-debian failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A loop device over a 64 MiB file, detached and removed when dropped.
 struct LoopDisk {
     file: String,
@@ -157,32 +142,16 @@ fn reads(report: &serde_json::Value) -> (u64, u64) {
 #[test]
 #[ignore = "needs hardware KVM and root (run in the rig: scripts/test)"]
 fn the_layers_agree_for_direct_and_buffered_reads() {
-    require_hardware_kvm();
     require_debian_guest();
     let disk = LoopDisk::new();
     let socket = temp_socket("iotrace");
     let uds = temp_socket("iotrace-vsock");
     let vsock = format!("cid=3,uds={uds}");
     let data = format!("path={},cache=writeback,id=data", disk.dev);
-    let mut vmm = Vmm::spawn(&[
-        "run",
-        "--memory",
-        "512M",
-        "--kernel",
-        "build/guest/vmlinuz",
-        "--initramfs",
-        "build/guest/debian-initramfs.cpio.gz",
-        "--disk",
-        "path=build/guest/debian.img,readonly=on",
-        "--disk",
-        &data,
-        "--vsock",
-        &vsock,
-        "--api-socket",
-        &socket,
-        "--cmdline",
+    let mut vmm = Vmm::spawn(&debian_args(
         "console=ttyS0 root=/dev/vda hk.overlay quiet",
-    ]);
+        &["--disk", &data, "--vsock", &vsock, "--api-socket", &socket],
+    ));
     vmm.wait_for(ROOT_PROMPT);
     let state = vmm.shell("systemctl is-system-running --wait");
     assert_eq!(state.trim(), "running", "{}", vmm.stdout());

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod debian;
 pub mod display;
 pub mod migration;
 pub mod net;

@@ -191,22 +191,28 @@ mod tests {
     use iotrace::layers::{self, CacheFacts, Direction, IoRecord, LayerTotals, Window};
     use iotrace::physical::DiskStat;
 
-    #[test]
-    fn a_line_per_layer_then_the_ratios() {
-        let window = Window {
-            start_ns: 0,
-            end_ns: 100,
-        };
-        let records: Vec<IoRecord> = (0..16)
+    /// `count` virtual-disk reads of 1 MiB, one after another, the first
+    /// `cached` of them in the host cache.
+    fn mib_reads(count: u64, cached: u64) -> Vec<IoRecord> {
+        (0..count)
             .map(|i| IoRecord {
                 layer: Layer::VirtualDisk,
                 time_ns: i,
                 direction: Direction::Read,
                 offset: i << 20,
                 bytes: 1 << 20,
-                host_cached_bytes: Some(if i < 4 { 1 << 20 } else { 0 }),
+                host_cached_bytes: Some(if i < cached { 1 << 20 } else { 0 }),
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn a_line_per_layer_then_the_ratios() {
+        let window = Window {
+            start_ns: 0,
+            end_ns: 100,
+        };
+        let records = mib_reads(16, 4);
         let stat = DiskStat {
             reads: 8,
             read_sectors: 12 * 2048,
@@ -280,16 +286,7 @@ mod tests {
             start_ns: 0,
             end_ns: 100,
         };
-        let records: Vec<IoRecord> = (0..4)
-            .map(|i| IoRecord {
-                layer: Layer::VirtualDisk,
-                time_ns: i,
-                direction: Direction::Read,
-                offset: i << 20,
-                bytes: 1 << 20,
-                host_cached_bytes: Some(0),
-            })
-            .collect();
+        let records = mib_reads(4, 0);
         let facts = CacheFacts {
             guest_cache_bytes: Some(64 << 20),
             host_cache: Some(layers::HostCacheView::ResidentBlocks((0..512).collect())),
