@@ -280,7 +280,8 @@ enum CtlCommandArg {
         #[arg(long = "comm", value_name = "NAME")]
         comms: Vec<String>,
         /// start only: the disk's device in the guest (default: the
-        /// virtio-blk name of its place among the disks, /dev/vda first).
+        /// virtio-blk name of its place among the disks, /dev/vda first);
+        /// "none": do not measure the guest cache's residency of it.
         #[arg(long, value_name = "DEV")]
         guest_dev: Option<String>,
     },

@@ -262,7 +262,8 @@ pub struct IoTraceRequest {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub comms: Vec<String>,
     /// Start only: the disk's device in the guest (default: the virtio-blk
-    /// name of its place among the VM's disks, `/dev/vda` for the first).
+    /// name of its place among the VM's disks, `/dev/vda` for the first);
+    /// `"none"`: no residency measured (no walk of the guest's files).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_dev: Option<String>,
 }

@@ -89,6 +89,9 @@ pub struct StartOptions {
     pub guest_dev: Option<String>,
 }
 
+/// `--guest-dev` that asks the agent for no disk's residency.
+pub const NO_GUEST_DEV: &str = "none";
+
 /// The guest's memory and I/O mode, as its agent said at the last report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuestFacts {
@@ -211,10 +214,14 @@ impl VmIoTrace {
         let query = AgentQuery {
             pids: options.pids.clone(),
             comms: options.comms.clone(),
-            devices: vec![options
-                .guest_dev
-                .clone()
-                .unwrap_or_else(|| agent::virtio_blk_name(index))],
+            // "none": no residency walk at each report (a walk over a
+            // large file system costs the guest CPU the traced workload
+            // may need; the benchmark turns it off).
+            devices: match options.guest_dev.as_deref() {
+                Some(NO_GUEST_DEV) => Vec::new(),
+                Some(dev) => vec![dev.to_string()],
+                None => vec![agent::virtio_blk_name(index)],
+            },
         };
         query.request_line()?;
         let named = !query.pids.is_empty() || !query.comms.is_empty();
@@ -281,7 +288,7 @@ impl VmIoTrace {
     fn ask_now(&self, query: &AgentQuery) -> AgentNow {
         AgentNow {
             processes: self.ask(&query.processes()),
-            devices: self.ask(&query.devices()),
+            devices: (!query.devices.is_empty()).then(|| self.ask(&query.devices())),
         }
     }
 
@@ -503,7 +510,8 @@ struct AgentNow {
     /// To the processes named (and the guest's memory).
     processes: Result<AgentAnswer, AgentError>,
     /// To the traced disk's guest device.
-    devices: Result<AgentAnswer, AgentError>,
+    /// None when the window asks for no device (`--guest-dev none`).
+    devices: Option<Result<AgentAnswer, AgentError>>,
 }
 
 /// What a window's report takes from the guest agent.
@@ -599,7 +607,8 @@ fn from_agent(
         Err(e) => Err(e.to_string()),
     };
     let residency = match &agent_now.devices {
-        Ok(answer) => {
+        None => Err(format!("not asked (--guest-dev {NO_GUEST_DEV})")),
+        Some(Ok(answer)) => {
             let device = query.devices.first().cloned().unwrap_or_default();
             match answer.device(&device) {
                 Some(DeviceEntry::Residency(r)) => r
@@ -612,7 +621,7 @@ fn from_agent(
                 None => Err(format!("the guest agent did not report {device}")),
             }
         }
-        Err(e) => Err(e.to_string()),
+        Some(Err(e)) => Err(e.to_string()),
     };
     FromAgent {
         application,
