@@ -109,17 +109,39 @@ def drop_host_caches():
         f.write("3\n")
 
 
-class DataDisk:
-    """A VM's data disk: an ext4 file system on a loop device (direct I/O
-    to its backing file, so the loop device's page cache is the only host
-    cache of it) and its swap disk, a plain file."""
+def data_tree(work, sizes):
+    """The FFSB data sets as fio names them (`sSIZE/ffsb.0.N`, 64 KiB
+    each, with the `sSIZE.done` marker the guest's layout step looks
+    for), in a directory of the host: mkfs.ext4 -d copies it into every
+    data disk. fio's own layout in the guests wrote about 1 MiB/s per
+    guest in the rig (a 512 MiB data set took 9 minutes); this takes
+    seconds. The bytes are random (mke2fs would leave zeros as holes)."""
+    root = os.path.join(work, "data-tree")
+    blob = os.urandom(64 * 1024)
+    for size in sizes:
+        d = os.path.join(root, "s%d" % size)
+        os.makedirs(d)
+        for i in range(ffsb_files(size)):
+            with open(os.path.join(d, "ffsb.0.%d" % i), "wb") as f:
+                f.write(blob)
+        open(os.path.join(root, "s%d.done" % size), "w").close()
+    return root
 
-    def __init__(self, work, n, data_mib, swap_mib):
+
+class DataDisk:
+    """A VM's data disk: an ext4 file system (holding TREE) on a loop
+    device (direct I/O to its backing file, so the loop device's page cache
+    is the only host cache of it) and its swap disk, a plain file."""
+
+    def __init__(self, work, n, data_mib, swap_mib, tree, first=None):
         self.file = os.path.join(work, "data%d.img" % n)
         self.swap = os.path.join(work, "swap%d.img" % n)
-        sh("truncate -s %dM %s" % (data_mib, self.file))
-        sh("mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=0 %s"
-           % self.file)
+        if first:  # the same file system: a copy is faster than mke2fs
+            sh("cp --sparse=always %s %s" % (first.file, self.file))
+        else:
+            sh("truncate -s %dM %s" % (data_mib, self.file))
+            sh("mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=0 -d %s %s"
+               % (tree, self.file))
         self.dev = sh("losetup --find --show --direct-io=on %s" % self.file)
         sh("truncate -s %dM %s && mkswap -q %s" % (swap_mib, self.swap, self.swap))
 
@@ -296,7 +318,9 @@ class Tracer:
 
     def start(self, guest=None):
         g = guest or self.guest
-        cmd = ["iotrace", "start", "--disk", "data"]
+        # No residency walk: it costs the guest CPU at each report, and
+        # the figures need only the layers.
+        cmd = ["iotrace", "start", "--disk", "data", "--guest-dev", "none"]
         if self.app and g.shell_pid:
             cmd += ["--pid", str(g.shell_pid)]
         hk_ctl(self.args.hakoniwa, g.sock, *cmd)
@@ -348,19 +372,32 @@ def ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=True, tag=N
     """One ffsb cell on every guest at once; the cell's record."""
     print("  ffsb%s mem=%s size=%dM io=%s swap=%s" % (
         " " + tag if tag else "", mem_label, size, io, swap), flush=True)
+    trace_error = None
     if trace:
-        tracer.start()
+        try:
+            tracer.start()
+        except RuntimeError as e:
+            trace, trace_error = False, str(e)
+            print("    tracing failed: %s" % e, flush=True)
     cpu0 = [g.cpu_seconds() for g in guests]
     t0 = time.monotonic()
     outs = on_all(guests, ffsb_command(size, io, args.seconds, args.ramp),
                   (args.seconds + args.ramp) * 4 + 300)
     wall = time.monotonic() - t0
     cpu = [g.cpu_seconds() - c for g, c in zip(guests, cpu0)]
-    report = tracer.stop() if trace else None
+    report = None
+    if trace:
+        try:
+            report = tracer.stop()
+        except RuntimeError as e:
+            trace_error = str(e)
+            print("    tracing failed: %s" % e, flush=True)
     per_vm = [ffsb_result(o) for o in outs]
     rec = {"bench": "ffsb", "mem": mem_label, "mem_mib": guests[0].mem_mib, "size_mib": size,
            "io": io, "swap": swap, "tag": tag, "traced": trace, "per_vm": per_vm,
-           "wall_s": wall, "vmm_cpu_s": cpu, "ok": all(per_vm)}
+           "wall_s": wall, "vmm_cpu_s": cpu, "ok": all(per_vm) and not trace_error}
+    if trace_error:
+        rec["error"] = "tracing: %s" % trace_error
     if rec["ok"]:
         rec["ops_s"] = sum(v["ops_s"] for v in per_vm) / len(per_vm)
         print("    %.1f ops/s per VM (%s)" % (rec["ops_s"], ", ".join(
@@ -480,6 +517,8 @@ def run_boot(args, mem_label, mem_mib, disks, work, results):
             layout(guests, size, 3600)
             print("  layout %d MiB per VM: %.0f s" % (size, time.monotonic() - t), flush=True)
             for swap in SWAP_MODES:
+                if swap == "on" and size not in args.swap_sizes:
+                    continue
                 set_swap(guests, swap)
                 t = time.monotonic()
                 settle(guests, size, 1800)
@@ -743,11 +782,18 @@ def main():
     p.add_argument("--overhead-size", type=int, default=128)
     p.add_argument("--overhead-pairs", type=int, default=2)
     p.add_argument("--swap-mib", type=int, default=512)
+    p.add_argument("--swap-sizes", type=int, nargs="*",
+                   help="the data set sizes that also run with swap on (default: all)")
     p.add_argument("--boot-timeout", type=int, default=300)
+    p.add_argument("--boots", nargs="+", default=["small", "large"],
+                   choices=["small", "large"], help="which guest memory sizes to boot")
+    p.add_argument("--merge", help="a results JSON whose other boots' results to keep")
     p.add_argument("--workdir", default="/tmp")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     args = p.parse_args()
     args.sizes = sorted(set(args.sizes))
+    if args.swap_sizes is None:
+        args.swap_sizes = args.sizes
     if args.overhead_size not in args.sizes:
         sys.exit("iocache.py: --overhead-size must be one of --sizes")
     for path in (args.kernel, args.debian_image, args.debian_initramfs):
@@ -769,7 +815,13 @@ def main():
         # files come and go.
         data_mib = (sum(args.sizes) + max(args.postmark_sizes + args.dd_sizes + [0])) * 5 // 4 \
             + 512
-        disks = [DataDisk(work, i, data_mib, args.swap_mib) for i in range(args.vms)]
+        t = time.monotonic()
+        tree = data_tree(work, args.sizes)
+        for i in range(args.vms):
+            disks.append(DataDisk(work, i, data_mib, args.swap_mib, tree,
+                                  disks[0] if disks else None))
+        shutil.rmtree(tree)
+        print("data disks with the data sets: %.0f s" % (time.monotonic() - t), flush=True)
         env = vmm_environment(RIG_NOTE, "figures", args.hakoniwa, None, args.kernel,
                               args.debian_initramfs, DEBIAN_CMDLINE, vcpus=1,
                               memory_mib="%d / %d" % (args.small_mib, args.large_mib),
@@ -781,7 +833,15 @@ def main():
                             "cache=writeback; swap %d MiB" % (args.workdir, args.swap_mib))
         print("iocache benchmark: %s; host memory %d MiB" % (env["note"], env["l1_memory_mib"]),
               flush=True)
+        if args.merge:
+            with open(args.merge) as f:
+                kept = json.load(f)["results"]
+            results += [r for r in kept if r.get("mem") not in args.boots]
+            print("kept %d results of %s from %s" % (len(results), ", ".join(
+                sorted({r.get("mem", "?") for r in results})), args.merge), flush=True)
         for label, mib in (("small", args.small_mib), ("large", args.large_mib)):
+            if label not in args.boots:
+                continue
             try:
                 run_boot(args, label, mib, disks, work, results)
             except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
