@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::history::{PageHistory, WrongPage};
-use super::pages::{PageBitmap, RamLayout};
+use super::pages::{is_zero_page, PageBitmap, RamLayout};
 use super::postcopy::{guest_async_pf, FaultThread, PostcopyShared};
 use super::protocol::{
     read_message, write_message, Message, PageKind, StreamError, PAGE_SIZE, PROTOCOL_VERSION,
@@ -368,7 +368,7 @@ fn write_pages(
                 written.set(index);
             }
             None => {
-                if written.get(index) && !layout.is_zero(index) {
+                if written.get(index) && !is_zero_page(layout.page_bytes(index)) {
                     // SAFETY: as above.
                     unsafe { std::ptr::write_bytes(host, 0, PAGE_SIZE) };
                 }
@@ -398,17 +398,13 @@ fn verify_arrived(
         .map_err(|e| MigrationError::Invalid(format!("mincore: {e}")))?;
     let mut wrong: Vec<WrongPage> = Vec::new();
     let mut checked = 0u64;
-    let mut page = [0u8; PAGE_SIZE];
     for (index, &in_memory) in resident.iter().enumerate() {
         if arrived.is_some_and(|a| !a.get(index)) {
             continue;
         }
         // Reading a page not in memory would fault it in (and under
         // postcopy wait for the fault handler): it is zero.
-        let bytes = in_memory.then(|| {
-            layout.read_page(index, &mut page);
-            &page[..]
-        });
+        let bytes = in_memory.then(|| layout.page_bytes(index));
         checked += 1;
         if let Err(w) = history.check(index, None, bytes) {
             wrong.push(w);
@@ -805,7 +801,7 @@ mod tests {
         let gone: Vec<usize> = (0..layout.pages()).filter(|&i| !written.get(i)).collect();
         assert_eq!(gone, vec![1, 2, 3, 6, 7, 10, 11, 12, 13]);
         for i in 0..layout.pages() {
-            let zero = layout.is_zero(i);
+            let zero = is_zero_page(layout.page_bytes(i));
             assert_eq!(zero, gone.contains(&i), "page index {i}");
         }
         // A run that runs past the end of RAM is refused.

@@ -4,9 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress,
-};
+use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
 use super::protocol::PAGE_SIZE;
 use crate::memory::GuestMemoryMmap;
@@ -22,19 +20,11 @@ struct RamRegion {
 }
 
 /// Guest RAM's regions, for turning guest pages, RAM-order indices and
-/// host addresses into one another, and for reading pages.
-///
-/// A page is never lent out as a Rust `&[u8]`: the guest's vCPUs, a
-/// postcopy's placement or the balloon may change it while it is read,
-/// and a shared slice promises the compiler it does not. Pages are copied
-/// out with vm-memory's volatile copies and worked on as copies.
+/// host addresses into one another.
 #[derive(Clone, Debug)]
 pub struct RamLayout {
     regions: Vec<RamRegion>,
     pages: usize,
-    /// The same RAM, for vm-memory's copies (and it keeps the mappings
-    /// alive as long as the layout).
-    memory: GuestMemoryMmap,
 }
 
 impl RamLayout {
@@ -57,7 +47,6 @@ impl RamLayout {
         RamLayout {
             regions,
             pages: index,
-            memory: memory.clone(),
         }
     }
 
@@ -138,72 +127,20 @@ impl RamLayout {
             .expect("a RAM-order index inside RAM")
     }
 
-    /// The guest address of the page at RAM-order index `index`.
-    fn address_of_index(&self, index: usize) -> GuestAddress {
-        GuestAddress(self.page_of_index(index) * PAGE_SIZE as u64)
-    }
-
-    /// Copies the page at `index` into `buf`.
+    /// The page at `index`, read from our mapping.
     ///
-    /// The guest may write the page meanwhile: the copy is then torn, and
-    /// the page is dirty and sent again by a later round (or, paused, it
-    /// does not change).
-    pub fn read_page(&self, index: usize, buf: &mut [u8; PAGE_SIZE]) {
-        self.memory
-            .read_slice(buf, self.address_of_index(index))
-            .expect("a RAM-order index is a page of RAM");
-    }
-
-    /// Appends the pages `start..start + count` (contiguous in one
-    /// region: [`Self::pages_left_in_region`]) to `out`, one copy.
-    pub fn append_pages(&self, start: usize, count: usize, out: &mut Vec<u8>) {
-        self.memory
-            .write_all_volatile_to(self.address_of_index(start), out, count * PAGE_SIZE)
-            .expect("a run of pages inside one RAM region");
-    }
-
-    /// Copies the page at `index` out a piece at a time into a small
-    /// buffer (it stays in the L1 cache) and hands each copy to `f`, until
-    /// `f` returns false or the page ends. For reading a page once through
-    /// without copying all of it first: a zero check stops at the first
-    /// piece that is not zero.
-    fn scan_page(&self, index: usize, mut f: impl FnMut(&[u8]) -> bool) {
-        let page = self
-            .memory
-            .get_slice(self.address_of_index(index), PAGE_SIZE)
-            .expect("a RAM-order index is a page of RAM");
-        let mut piece = [0u8; SCAN_PIECE];
-        for at in (0..PAGE_SIZE).step_by(SCAN_PIECE) {
-            let copied = page
-                .subslice(at, SCAN_PIECE)
-                .map(|s| s.copy_to(&mut piece[..]))
-                .unwrap_or(0);
-            if !f(&piece[..copied]) {
-                return;
-            }
-        }
-    }
-
-    /// The page's CRC32 (`--verify-pages`), computed over a copy.
-    pub fn page_crc(&self, index: usize) -> u32 {
-        let mut page = [0u8; PAGE_SIZE];
-        self.read_page(index, &mut page);
-        crc32fast::hash(&page)
-    }
-
-    /// Whether the page at `index` is all zeros, judged on copies.
-    pub fn is_zero(&self, index: usize) -> bool {
-        let mut zero = true;
-        self.scan_page(index, |piece| {
-            zero = is_zero_page(piece);
-            zero
-        });
-        zero
+    /// The caller must know no one writes the page meanwhile, or accept a
+    /// torn copy that a later dirty-log round sends again.
+    pub fn page_bytes(&self, index: usize) -> &[u8] {
+        let host = self.host_of_index(index);
+        // SAFETY: `host` is inside one of guest RAM's live mappings (the
+        // layout was built from the VM's GuestMemoryMmap, which outlives
+        // the migration), PAGE_SIZE bytes long. The guest may write the
+        // page concurrently; the bytes are only copied out, and a page
+        // changed while copied is dirty and sent again.
+        unsafe { std::slice::from_raw_parts(host as *const u8, PAGE_SIZE) }
     }
 }
-
-/// The piece [`RamLayout::scan_page`] copies at a time.
-const SCAN_PIECE: usize = 512;
 
 /// A bitmap with one bit per RAM page, shared between threads.
 pub struct PageBitmap {
@@ -353,30 +290,21 @@ impl PageBitmap {
     }
 }
 
-/// Whether a page (or a piece of one) holds only zero bytes.
+/// Whether a page holds only zero bytes.
 pub fn is_zero_page(page: &[u8]) -> bool {
-    // Eight words at a time, OR-ed together without a branch so the
-    // compiler uses vector registers: this runs over every page of RAM in
-    // the first round.
+    // Word at a time: this runs over every page of RAM in the first round.
     let (head, words, tail) = {
         // SAFETY: reinterpreting initialised bytes as u64 is sound for any
         // bit pattern; align_to puts the unaligned ends in head and tail.
         unsafe { page.align_to::<u64>() }
     };
-    let blocks = words.chunks_exact(8);
-    let rest = blocks.remainder();
-    head.iter().all(|&b| b == 0)
-        && blocks
-            .into_iter()
-            .all(|b| b.iter().fold(0, |acc, &w| acc | w) == 0)
-        && rest.iter().all(|&w| w == 0)
-        && tail.iter().all(|&b| b == 0)
+    head.iter().all(|&b| b == 0) && words.iter().all(|&w| w == 0) && tail.iter().all(|&b| b == 0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestAddress};
+    use vm_memory::GuestAddress;
 
     #[test]
     fn bitmap_sets_finds_and_round_trips() {
@@ -449,117 +377,9 @@ mod tests {
         let host = layout.host_of_index(18);
         assert_eq!(layout.index_of_host(host + 100), Some(18));
         assert_eq!(layout.index_of_host(1), None);
-        assert!(layout.is_zero(18));
+        assert!(is_zero_page(layout.page_bytes(18)));
         // SAFETY: the page belongs to `memory`, alive for the test.
         unsafe { *((host + 5) as *mut u8) = 1 };
-        assert!(!layout.is_zero(18));
-        // A byte in the last piece of a page counts; copies read what the
-        // guest wrote, one page or a run.
-        memory
-            .write_obj(3u8, GuestAddress(0x10_0003 * 4096 + 4095))
-            .unwrap();
-        assert!(!layout.is_zero(19));
-        assert!(layout.is_zero(20));
-        let mut page = [0u8; PAGE_SIZE];
-        layout.read_page(19, &mut page);
-        assert_eq!(
-            (page[4095], page[..4095].iter().any(|&b| b != 0)),
-            (3, false)
-        );
-        assert_eq!(layout.page_crc(19), crc32fast::hash(&page));
-        let mut run = vec![7u8];
-        layout.append_pages(18, 2, &mut run);
-        assert_eq!(run.len(), 1 + 2 * PAGE_SIZE);
-        assert_eq!((run[0], run[1 + 5], run[1 + PAGE_SIZE + 4095]), (7, 1, 3));
-        assert_eq!(run.iter().filter(|&&b| b != 0).count(), 3);
-    }
-}
-
-#[cfg(test)]
-mod speed {
-    use super::*;
-    use crate::migration::history::page_crc;
-    use std::time::Instant;
-    use vm_memory::{Bytes, GuestAddress};
-
-    /// The source's page path over 256 MiB, half the pages zero (runs of
-    /// 16 pages of data, 16 of zeros): the zero check of every page, the
-    /// copy of the others into frames (a run per frame), the CRC of every
-    /// page (`--verify-pages`). Run by hand:
-    /// `cargo test --release -p vmm -- --ignored --nocapture page_path_speed`.
-    #[test]
-    #[ignore]
-    fn page_path_speed() {
-        let size = 256u64 << 20;
-        let memory = crate::memory::create_guest_memory(size).unwrap();
-        let layout = RamLayout::new(&memory);
-        let data_page = |i: usize| i % 32 < 16;
-        for i in (0..layout.pages()).filter(|&i| data_page(i)) {
-            let gpa = layout.page_of_index(i) * PAGE_SIZE as u64;
-            memory
-                .write_slice(&[0x5a; PAGE_SIZE], GuestAddress(gpa))
-                .unwrap();
-        }
-        let pages = layout.pages();
-        // What `page_bytes` did before pages were copied: a slice straight
-        // over the mapping. Here only, where nothing writes RAM meanwhile,
-        // so both ways are timed in turn under the same load.
-        let before = |i: usize| {
-            // SAFETY: one page inside `memory`'s live mapping; nothing
-            // writes it during the test.
-            unsafe { std::slice::from_raw_parts(layout.host_of_index(i) as *const u8, PAGE_SIZE) }
-        };
-        let ns = |t: Instant, n: usize| t.elapsed().as_nanos() as f64 / n as f64;
-        let mut data = Vec::with_capacity(64 * PAGE_SIZE);
-        // Best of 9 rounds: the machine is shared, so the minimum is what
-        // the code costs and the rest is other load.
-        let mut best = [f64::MAX; 6];
-        for _ in 0..9 {
-            let t = Instant::now();
-            let z0 = (0..pages).filter(|&i| is_zero_page(before(i))).count();
-            let zero_before = ns(t, pages);
-            let t = Instant::now();
-            let z1 = (0..pages).filter(|&i| layout.is_zero(i)).count();
-            let zero_after = ns(t, pages);
-            assert_eq!(z0, z1);
-
-            let t = Instant::now();
-            for start in (0..pages).step_by(32) {
-                data.clear();
-                layout.append_pages(start, 16, &mut data);
-            }
-            let copy_after = ns(t, pages / 2);
-            let t = Instant::now();
-            for start in (0..pages).step_by(32) {
-                data.clear();
-                for i in start..start + 16 {
-                    data.extend_from_slice(before(i));
-                }
-            }
-            let copy_before = ns(t, pages / 2);
-
-            let t = Instant::now();
-            let c0 = (0..pages).fold(0u32, |a, i| a ^ page_crc(before(i)));
-            let crc_before = ns(t, pages);
-            let t = Instant::now();
-            let c1 = (0..pages).fold(0u32, |a, i| a ^ layout.page_crc(i));
-            let crc_after = ns(t, pages);
-            assert_eq!(c0, c1);
-            let now = [
-                zero_before,
-                zero_after,
-                copy_before,
-                copy_after,
-                crc_before,
-                crc_after,
-            ];
-            for (b, n) in best.iter_mut().zip(now) {
-                *b = b.min(n);
-            }
-        }
-        println!(
-            "ns/page before/after: zero check {:.0}/{:.0}, frame copy {:.0}/{:.0}, crc {:.0}/{:.0}",
-            best[0], best[1], best[2], best[3], best[4], best[5]
-        );
+        assert!(!is_zero_page(layout.page_bytes(18)));
     }
 }
