@@ -157,6 +157,7 @@ class Guest:
 
     def __init__(self, args, n, mem_mib, disk, work):
         self.n = n
+        self.hakoniwa = args.hakoniwa
         self.mem_mib = mem_mib
         self.sock = os.path.join(work, "api%d.sock" % n)
         self.vsock = os.path.join(work, "vsock%d.sock" % n)
@@ -188,7 +189,7 @@ class Guest:
         return shell_wait(self.vm.con, token, timeout)
 
     def ctl(self, *cmd, timeout=60):
-        return hk_ctl(self.args_hakoniwa, self.sock, *cmd, timeout=timeout)
+        return hk_ctl(self.hakoniwa, self.sock, *cmd, timeout=timeout)
 
     def cpu_seconds(self):
         """The VMM's device-side CPU seconds so far: every thread but the
@@ -497,9 +498,7 @@ def run_boot(args, mem_label, mem_mib, disks, work, results):
     guests = []
     try:
         for i, d in enumerate(disks):
-            g = Guest(args, i, mem_mib, d, work)
-            g.args_hakoniwa = args.hakoniwa
-            guests.append(g)
+            guests.append(Guest(args, i, mem_mib, d, work))
         for g in guests:
             g.wait_ready(args.boot_timeout)
         # overcommit_memory=1: with the heuristic default, a 128 MiB guest
