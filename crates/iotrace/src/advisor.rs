@@ -61,6 +61,66 @@ pub const MEMORY_GRANULE: u64 = 64 * MIB;
 /// turning swap off risks the guest's OOM killer.
 pub const SWAP_OFF_MAX_COMMITTED: f64 = 0.8;
 
+/// Reads that start where the previous one ended, at or above this share,
+/// make a stream: with few re-reads besides, the window saw data read once.
+/// Below it, few re-reads say only that the window was short for the data
+/// the accesses spread over (see [`WorkingSetMethod`]).
+pub const SEQUENTIAL_STREAM: f64 = 0.5;
+
+/// The fewest reads of each kind (host hit, host miss) whose mean time is
+/// taken as what such a read costs.
+pub const MIN_COST_SAMPLES: u64 = 20;
+
+/// What the window shows beyond its requests: its length, its shape and
+/// what the reads cost where they were served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct WindowFacts {
+    pub seconds: f64,
+    /// The share of virtual-disk reads that began where the previous read
+    /// ended; `None` if the window had no reads to say.
+    pub sequential_read_ratio: Option<f64>,
+    pub read_costs: ReadCosts,
+}
+
+/// What a read the guest's cache missed costs, measured at the virtual
+/// disk: from the queue's kick to the guest's interrupt, in the VMM and
+/// the host (the guest's own exit and interrupt costs are not in it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReadCosts {
+    /// Reads the host page cache held whole, and their mean time (ns).
+    pub host_hits: u64,
+    pub host_hit_ns: Option<f64>,
+    /// Reads the host page cache held none of: the device served them.
+    pub host_misses: u64,
+    pub host_miss_ns: Option<f64>,
+}
+
+impl ReadCosts {
+    /// Both means, where each rests on enough reads.
+    fn measured(&self) -> Option<(f64, f64)> {
+        if self.host_hits < MIN_COST_SAMPLES || self.host_misses < MIN_COST_SAMPLES {
+            return None;
+        }
+        Some((self.host_hit_ns?, self.host_miss_ns?))
+    }
+}
+
+/// How the working set was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkingSetMethod {
+    /// From the re-reads' distances (the reuse profile).
+    ReuseDistances,
+    /// The window was too short to see the re-reads behind the guest's
+    /// cache (it touched less than that cache holds); for accesses spread
+    /// uniformly, a cache of C that hits h of the reads means data of C / h.
+    GuestHitRatio,
+    /// Few re-reads of random accesses: n accesses with k repeats spread
+    /// over about n^2 / 2k blocks (the birthday estimate; with none, at
+    /// least n^2 / 2).
+    RepeatCount,
+}
+
 /// How the guest does file I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -142,10 +202,30 @@ pub struct Recommendation<T> {
     pub explanation: String,
 }
 
+/// The two configurations the advisor weighs, by the predicted mean time
+/// of a read (ns): a buffered guest sized for the working set, and the
+/// smallest guest with direct I/O.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Predicted {
+    pub buffered_guest_bytes: u64,
+    pub buffered_read_ns: f64,
+    pub direct_guest_bytes: u64,
+    pub direct_read_ns: f64,
+}
+
 /// The advisor's answer.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Advice {
     pub working_set_bytes: u64,
+    pub working_set_method: WorkingSetMethod,
+    /// Where the window was too short to measure the working set: how long
+    /// a window would (its footprint must outgrow the distances to see).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_at_least_seconds: Option<f64>,
+    /// The predicted time of a read in the two configurations weighed,
+    /// where the window measured what reads cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<Predicted>,
     pub regime: Regime,
     pub guest_memory_bytes: Recommendation<u64>,
     pub guest_io: Recommendation<GuestIo>,
@@ -153,32 +233,20 @@ pub struct Advice {
     pub disk_cache: Recommendation<DiskCache>,
 }
 
-/// Advises from a window's report, the reuse profile of its accesses and
-/// the VM's facts.
+/// Advises from a window's report, the reuse profile of its accesses, the
+/// VM's facts and what else the window showed.
 pub fn advise(
     report: &WindowReport,
     profile: &ReuseProfile,
     source: ProfileSource,
     facts: &VmFacts,
+    window: &WindowFacts,
 ) -> Advice {
     let reuse_ratio = profile.max_hit_ratio();
-    let profiled_set = profile.working_set_of_reuses_bytes(WORKING_SET_REUSE_FRACTION);
-    let working_set = match source {
-        ProfileSource::Unfiltered => profiled_set,
-        // The guest's misses re-read at distance d were, before its cache,
-        // at about d plus what its cache held; with no re-reads behind the
-        // cache, the cache held the working set. When the guest's cache
-        // served nearly every read (the application layer says so), what
-        // it holds is itself the bound: the re-reads behind it are the
-        // few it lost, not a working set beyond it.
-        ProfileSource::BehindGuestCache => {
-            let behind = profiled_set + facts.guest_cache_bytes;
-            match report.guest_cache.hit_ratio {
-                Some(hit) if hit >= GUEST_CACHE_SERVES => behind.min(facts.guest_cache_bytes),
-                _ => behind,
-            }
-        }
-    };
+    let footprint = profile.distinct_blocks() * profile.block_bytes;
+    let sequential = window.sequential_read_ratio;
+    let estimate = working_set(report, profile, source, facts, window);
+    let working_set = estimate.bytes;
     let small_guest = small_guest_memory(facts);
     let sized_guest = guest_memory_for(working_set, facts);
     let largest_guest_cache = guest_cache_capacity(facts.max_guest_memory_bytes, facts);
@@ -186,7 +254,14 @@ pub fn advise(
     let freed = facts.guest_memory_bytes.saturating_sub(small_guest);
     let host_cache = facts.host_cache_share_bytes + freed;
 
-    let regime = if reuse_ratio < MIN_REUSE_RATIO {
+    // Few re-reads make a stream only where the reads run on from each
+    // other (a `dd`); random reads with few re-reads are a window too
+    // short for their data, and the estimate above covers them. Where the
+    // shape is unknown, few re-reads are taken as a stream.
+    let streams = reuse_ratio < MIN_REUSE_RATIO
+        && estimate.method == WorkingSetMethod::ReuseDistances
+        && sequential.is_none_or(|s| s >= SEQUENTIAL_STREAM);
+    let regime = if streams {
         Regime::Streaming
     } else if working_set <= largest_guest_cache {
         Regime::FitsGuestCache
@@ -197,57 +272,128 @@ pub fn advise(
     };
 
     let ws = mib(working_set);
-    let profile_note = match source {
-        ProfileSource::Unfiltered => String::new(),
-        ProfileSource::BehindGuestCache => format!(
+    let profile_note = match (estimate.method, source) {
+        (WorkingSetMethod::GuestHitRatio, _) => format!(
+            " (estimated: the window touched {} MiB, less than the guest's {} MiB cache, so the \
+             re-reads behind it could not show; the guest's cache hit {} of the reads, so \
+             uniform accesses spread over about {ws} MiB)",
+            mib(footprint),
+            mib(facts.guest_cache_bytes),
+            percent(report.guest_cache.hit_ratio)
+        ),
+        (WorkingSetMethod::RepeatCount, _) => format!(
+            " (estimated: {} accesses over {} MiB with only {:.0} % re-reads, at random: they \
+             spread over about {ws} MiB)",
+            profile.accesses,
+            mib(footprint),
+            reuse_ratio * 100.0
+        ),
+        (WorkingSetMethod::ReuseDistances, ProfileSource::Unfiltered) => String::new(),
+        (WorkingSetMethod::ReuseDistances, ProfileSource::BehindGuestCache) => format!(
             " ({} MiB re-read behind the guest's {} MiB cache)",
-            mib(profiled_set),
+            mib(profile.working_set_of_reuses_bytes(WORKING_SET_REUSE_FRACTION)),
             mib(facts.guest_cache_bytes)
         ),
     };
+    let longer = estimate.trace_at_least_seconds.map_or(String::new(), |s| {
+        format!("; trace at least {s:.0} s to measure it rather than estimate it")
+    });
     let guest_ratio = percent(report.guest_cache.hit_ratio);
     let amplification = report
         .guest_cache
         .read_amplification
         .map_or("unknown".to_string(), |a| format!("{a:.2}"));
 
-    let (memory, memory_why, io, io_why) = match regime {
-        Regime::Streaming => (
+    // Where the window measured what a read costs at the host cache and at
+    // the device, the two candidates are weighed by the time of a read;
+    // else the regime decides as table 5 did.
+    let buffered_guest = if regime == Regime::FitsGuestCache {
+        sized_guest
+    } else {
+        facts.max_guest_memory_bytes.max(MIN_GUEST_MEMORY)
+    };
+    let predicted = window.read_costs.measured().map(|(hit_ns, miss_ns)| {
+        let cost = |guest: u64, guest_cache: u64| {
+            // What the guest takes from (or gives to) the host's cache.
+            let host =
+                (facts.host_cache_share_bytes + facts.guest_memory_bytes).saturating_sub(guest);
+            read_time(guest_cache, host, working_set, hit_ns, miss_ns)
+        };
+        Predicted {
+            buffered_guest_bytes: buffered_guest,
+            buffered_read_ns: cost(buffered_guest, buffered_cache(buffered_guest, facts)),
+            direct_guest_bytes: small_guest,
+            direct_read_ns: cost(small_guest, 0),
+        }
+    });
+    let weighed = predicted.map(|p| {
+        let costs = window.read_costs;
+        format!(
+            "; weighed by the window's reads ({} host-cache hits at {:.2} ms, {} misses at {:.2} \
+             ms): a read would take {:.2} ms with a buffered {} MiB guest, {:.2} ms with a {} \
+             MiB guest doing direct I/O",
+            costs.host_hits,
+            costs.host_hit_ns.unwrap_or(0.0) / 1e6,
+            costs.host_misses,
+            costs.host_miss_ns.unwrap_or(0.0) / 1e6,
+            p.buffered_read_ns / 1e6,
+            mib(p.buffered_guest_bytes),
+            p.direct_read_ns / 1e6,
+            mib(p.direct_guest_bytes)
+        )
+    });
+    let buffered_wins = match (regime, predicted) {
+        (Regime::Streaming, _) => false,
+        (_, Some(p)) => p.buffered_read_ns <= p.direct_read_ns,
+        (regime, None) => regime == Regime::FitsGuestCache,
+    };
+    let weighed = weighed.unwrap_or_default();
+
+    let (memory, memory_why, io, io_why) = match (regime, buffered_wins) {
+        (Regime::Streaming, _) => (
             small_guest,
             format!(
-                "only {:.0} % of accesses are re-reads (under {:.0} %): no cache size pays, so \
-                 the guest keeps just its own {} MiB plus headroom",
+                "only {:.0} % of accesses are re-reads (under {:.0} %) and {} of the reads run \
+                 on from the one before: no cache size pays, so the guest keeps just its own \
+                 {} MiB plus headroom",
                 reuse_ratio * 100.0,
                 MIN_REUSE_RATIO * 100.0,
+                percent(sequential),
                 mib(facts.guest_non_cache_bytes)
             ),
             GuestIo::Direct,
             "data read once gains nothing from the guest's cache, which only copies it".to_string(),
         ),
-        Regime::FitsGuestCache => (
-            sized_guest,
+        (_, true) => (
+            buffered_guest,
             format!(
                 "the working set is {ws} MiB{profile_note}; a guest cache holds about {:.0} % \
-                 of the memory beyond the guest's own {} MiB, so {} MiB holds it (the host \
-                 can give up to {} MiB)",
+                 of the memory beyond the guest's own {} MiB, so {} MiB {} it (the host can \
+                 give up to {} MiB){weighed}{longer}",
                 GUEST_CACHE_FRACTION * 100.0,
                 mib(facts.guest_non_cache_bytes),
-                mib(sized_guest),
+                mib(buffered_guest),
+                if regime == Regime::FitsGuestCache {
+                    "holds"
+                } else {
+                    "holds the most of"
+                },
                 mib(facts.max_guest_memory_bytes)
             ),
             GuestIo::Buffered,
             format!(
-                "the guest's cache can hold the {ws} MiB working set, and a re-read it serves \
-                 never leaves the guest (guest hit ratio now {guest_ratio})"
+                "the guest's cache serves the re-reads of the {ws} MiB working set it holds, \
+                 and a re-read it serves never leaves the guest (guest hit ratio now \
+                 {guest_ratio})"
             ),
         ),
-        Regime::FitsHostCache | Regime::ExceedsBothCaches => (
+        (_, false) => (
             small_guest,
             format!(
                 "the working set is {ws} MiB{profile_note}, more than the {} MiB cache of the \
                  largest guest the host can give ({} MiB); memory beyond the guest's own {} MiB \
                  serves the host cache every VM shares instead ({} MiB with this guest's {} MiB \
-                 freed)",
+                 freed){weighed}{longer}",
                 mib(largest_guest_cache),
                 mib(facts.max_guest_memory_bytes),
                 mib(facts.guest_non_cache_bytes),
@@ -267,6 +413,9 @@ pub fn advise(
     let guest_swap = swap_for(memory, facts);
     Advice {
         working_set_bytes: working_set,
+        working_set_method: estimate.method,
+        trace_at_least_seconds: estimate.trace_at_least_seconds,
+        predicted,
         regime,
         guest_memory_bytes: Recommendation {
             recommended: memory,
@@ -290,6 +439,113 @@ pub fn advise(
             current: facts.disk_cache,
             ..disk_cache
         },
+    }
+}
+
+/// The working set and how it was found.
+struct Estimate {
+    bytes: u64,
+    method: WorkingSetMethod,
+    trace_at_least_seconds: Option<f64>,
+}
+
+fn working_set(
+    report: &WindowReport,
+    profile: &ReuseProfile,
+    source: ProfileSource,
+    facts: &VmFacts,
+    window: &WindowFacts,
+) -> Estimate {
+    let profiled_set = profile.working_set_of_reuses_bytes(WORKING_SET_REUSE_FRACTION);
+    let footprint = profile.distinct_blocks() * profile.block_bytes;
+    let random = window
+        .sequential_read_ratio
+        .is_some_and(|s| s < SEQUENTIAL_STREAM);
+    let guest_hit = report.guest_cache.hit_ratio;
+    // How long a window needs for its footprint to reach `reach` bytes,
+    // at this window's pace.
+    let needed = |reach: u64| {
+        (window.seconds > 0.0 && footprint > 0)
+            .then(|| window.seconds * reach as f64 / footprint as f64)
+    };
+    match source {
+        // The guest's misses re-read at distance d were, before its cache,
+        // at about d plus what its cache held. A window whose footprint is
+        // under that cache could not see them at all: then the guest's hit
+        // ratio on its cache says how far the accesses spread.
+        ProfileSource::BehindGuestCache => {
+            let cache = facts.guest_cache_bytes;
+            match guest_hit {
+                // When the guest's cache served nearly every read, what it
+                // holds is itself the bound: the re-reads behind it are the
+                // few it lost, not a working set beyond it.
+                Some(hit) if hit >= GUEST_CACHE_SERVES => Estimate {
+                    bytes: (profiled_set + cache).min(cache),
+                    method: WorkingSetMethod::ReuseDistances,
+                    trace_at_least_seconds: None,
+                },
+                Some(hit) if footprint <= cache && hit > 0.0 && random => {
+                    let bytes = (cache as f64 / hit) as u64;
+                    Estimate {
+                        bytes,
+                        method: WorkingSetMethod::GuestHitRatio,
+                        trace_at_least_seconds: needed(bytes),
+                    }
+                }
+                _ => Estimate {
+                    bytes: profiled_set + cache,
+                    method: WorkingSetMethod::ReuseDistances,
+                    trace_at_least_seconds: None,
+                },
+            }
+        }
+        ProfileSource::Unfiltered => {
+            let reuses = profile.accesses - profile.cold_misses;
+            if profile.max_hit_ratio() >= MIN_REUSE_RATIO || !random || profile.accesses == 0 {
+                return Estimate {
+                    bytes: profiled_set,
+                    method: WorkingSetMethod::ReuseDistances,
+                    trace_at_least_seconds: None,
+                };
+            }
+            // n uniform draws from D blocks repeat about n^2 / 2D times.
+            let n = profile.accesses as f64;
+            let blocks = n * n / (2.0 * reuses.max(1) as f64);
+            let bytes = (blocks * profile.block_bytes as f64) as u64;
+            Estimate {
+                bytes: bytes.max(footprint),
+                method: WorkingSetMethod::RepeatCount,
+                trace_at_least_seconds: needed(bytes),
+            }
+        }
+    }
+}
+
+/// The mean time of a read with a guest cache and a host cache of the
+/// given sizes over `working_set` bytes accessed uniformly: the guest's
+/// misses go to the host; the host's cache holds the most recent reads,
+/// the guest's among them, so it adds hits only beyond the guest's size.
+fn read_time(
+    guest_cache: u64,
+    host_cache: u64,
+    working_set: u64,
+    hit_ns: f64,
+    miss_ns: f64,
+) -> f64 {
+    let hits = |cache: u64| (cache as f64 / working_set.max(1) as f64).min(1.0);
+    let leave_guest = 1.0 - hits(guest_cache);
+    let reach_device = 1.0 - hits(guest_cache.max(host_cache));
+    leave_guest * hit_ns + reach_device * (miss_ns - hit_ns).max(0.0)
+}
+
+/// The page cache a buffered guest of `memory` keeps: as modelled, or as
+/// observed where the guest is that size already.
+fn buffered_cache(memory: u64, facts: &VmFacts) -> u64 {
+    let modelled = guest_cache_capacity(memory, facts);
+    if memory == facts.guest_memory_bytes && facts.guest_io == GuestIo::Buffered {
+        modelled.max(facts.guest_cache_bytes.min(memory))
+    } else {
+        modelled
     }
 }
 
@@ -464,7 +720,13 @@ mod tests {
 
     fn advise_for(data_set_mib: u64, facts: &VmFacts) -> Advice {
         let profile = ffsb_profile(data_set_mib * MIB);
-        advise(&empty_report(), &profile, ProfileSource::Unfiltered, facts)
+        advise(
+            &empty_report(),
+            &profile,
+            ProfileSource::Unfiltered,
+            facts,
+            &WindowFacts::default(),
+        )
     }
 
     #[test]
@@ -560,7 +822,13 @@ mod tests {
         // Every block once: no re-reads.
         let profile = ReuseProfile::from_trace(0..10_000, BLOCK);
         let facts = paper_vm(1024 * MIB);
-        let advice = advise(&empty_report(), &profile, ProfileSource::Unfiltered, &facts);
+        let advice = advise(
+            &empty_report(),
+            &profile,
+            ProfileSource::Unfiltered,
+            &facts,
+            &WindowFacts::default(),
+        );
         assert_eq!(advice.regime, Regime::Streaming);
         assert_eq!(advice.guest_memory_bytes.recommended, 128 * MIB);
         assert_eq!(advice.guest_io.recommended, GuestIo::Direct);
@@ -575,13 +843,20 @@ mod tests {
         let mut facts = paper_vm(1024 * MIB);
         facts.guest_cache_bytes = 420 * MIB;
         let profile = ffsb_profile(96 * MIB);
-        let unfiltered = advise(&empty_report(), &profile, ProfileSource::Unfiltered, &facts);
+        let unfiltered = advise(
+            &empty_report(),
+            &profile,
+            ProfileSource::Unfiltered,
+            &facts,
+            &WindowFacts::default(),
+        );
         assert_eq!(unfiltered.regime, Regime::FitsGuestCache);
         let behind = advise(
             &empty_report(),
             &profile,
             ProfileSource::BehindGuestCache,
             &facts,
+            &WindowFacts::default(),
         );
         assert_eq!(
             behind.working_set_bytes,
@@ -609,13 +884,25 @@ mod tests {
         let profile = ffsb_profile(40 * MIB);
         let mut report = empty_report();
         report.guest_cache.hit_ratio = Some(0.95);
-        let served = advise(&report, &profile, ProfileSource::BehindGuestCache, &facts);
+        let served = advise(
+            &report,
+            &profile,
+            ProfileSource::BehindGuestCache,
+            &facts,
+            &WindowFacts::default(),
+        );
         assert_eq!(served.working_set_bytes, 80 * MIB);
         assert_eq!(served.regime, Regime::FitsGuestCache);
         assert_eq!(served.guest_io.recommended, GuestIo::Buffered);
         // Below the threshold (or unknown) the sum stands.
         report.guest_cache.hit_ratio = Some(0.5);
-        let missed = advise(&report, &profile, ProfileSource::BehindGuestCache, &facts);
+        let missed = advise(
+            &report,
+            &profile,
+            ProfileSource::BehindGuestCache,
+            &facts,
+            &WindowFacts::default(),
+        );
         assert!(missed.working_set_bytes > 104 * MIB, "{missed:?}");
         assert_ne!(missed.regime, Regime::FitsGuestCache);
     }
@@ -627,6 +914,142 @@ mod tests {
         assert_eq!(advice.disk_cache.recommended, DiskCache::None);
         assert_eq!(advice.disk_cache.current, DiskCache::Writeback);
         assert!(advice.disk_cache.explanation.contains("not estimated"));
+    }
+
+    /// Uniform random 4 KiB accesses over `data_set`, `count` of them.
+    fn random_profile(data_set: u64, count: u64) -> ReuseProfile {
+        let blocks = data_set / 4096;
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let trace = (0..count).map(move |_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % blocks
+        });
+        ReuseProfile::from_trace(trace, 4096)
+    }
+
+    fn random_window(seconds: f64, costs: ReadCosts) -> WindowFacts {
+        WindowFacts {
+            seconds,
+            sequential_read_ratio: Some(0.05),
+            read_costs: costs,
+        }
+    }
+
+    #[test]
+    fn a_short_window_behind_a_big_guest_cache_is_not_a_stream() {
+        // The bench's 512 MiB try: a 512 MiB guest caching 383 MiB of a
+        // 512 MiB data set, hit ratio 0.61; 32 s of FFSB touched 54 MiB,
+        // none of it twice behind the cache. Called a stream, the guest
+        // was shrunk and lost 86 % of its throughput.
+        let mut facts = paper_vm(512 * MIB);
+        facts.max_guest_memory_bytes = 512 * MIB;
+        facts.guest_cache_bytes = 383 * MIB;
+        let profile = ReuseProfile::from_trace(0..13_731, 4096);
+        let mut report = empty_report();
+        report.guest_cache.hit_ratio = Some(0.61);
+        let advice = advise(
+            &report,
+            &profile,
+            ProfileSource::BehindGuestCache,
+            &facts,
+            &random_window(32.0, ReadCosts::default()),
+        );
+        assert_ne!(advice.regime, Regime::Streaming, "{advice:?}");
+        assert_eq!(advice.working_set_method, WorkingSetMethod::GuestHitRatio);
+        assert_eq!(mib(advice.working_set_bytes), 628);
+        // 54 MiB in 32 s: 628 MiB takes about 372 s.
+        let at_least = advice.trace_at_least_seconds.unwrap();
+        assert!((360.0..390.0).contains(&at_least), "{at_least}");
+        assert!(advice
+            .guest_memory_bytes
+            .explanation
+            .contains("trace at least"));
+        // The same window of sequential reads is a stream.
+        let stream = advise(
+            &report,
+            &ReuseProfile::from_trace(0..13_731, 4096),
+            ProfileSource::Unfiltered,
+            &facts,
+            &WindowFacts {
+                sequential_read_ratio: Some(0.98),
+                ..random_window(32.0, ReadCosts::default())
+            },
+        );
+        assert_eq!(stream.regime, Regime::Streaming);
+    }
+
+    #[test]
+    fn few_repeats_of_random_reads_estimate_their_spread() {
+        // 20 000 uniform reads over 1 GiB (262 144 blocks) repeat about
+        // 760 times: about 1 GiB.
+        let profile = random_profile(1024 * MIB, 20_000);
+        assert!(profile.max_hit_ratio() < MIN_REUSE_RATIO);
+        let mut facts = paper_vm(128 * MIB);
+        facts.guest_io = GuestIo::Direct;
+        let advice = advise(
+            &empty_report(),
+            &profile,
+            ProfileSource::Unfiltered,
+            &facts,
+            &random_window(10.0, ReadCosts::default()),
+        );
+        assert_eq!(advice.working_set_method, WorkingSetMethod::RepeatCount);
+        let ws = mib(advice.working_set_bytes);
+        assert!((800..1300).contains(&ws), "{ws} MiB");
+        assert_ne!(advice.regime, Regime::Streaming);
+        assert_eq!(advice.guest_io.recommended, GuestIo::Direct);
+    }
+
+    #[test]
+    fn what_reads_cost_decides_between_the_guests() {
+        // 768 MiB of data (a working set of about 614 MiB) with six 1 GB
+        // guests, each caching 480 MiB, on the paper's 8 GB host (a share
+        // of about 170 MiB): a 128 MiB guest doing direct I/O has the host
+        // cache hold it all; the 1 GB guest holds 78 % of it itself.
+        let mut facts = paper_vm(1024 * MIB);
+        facts.host_cache_share_bytes = (8192 - 6 * 1024 - 1024) * MIB / 6;
+        let profile = ffsb_profile(768 * MIB);
+        let with = |hit_ms: f64, miss_ms: f64| {
+            let costs = ReadCosts {
+                host_hits: 100,
+                host_hit_ns: Some(hit_ms * 1e6),
+                host_misses: 100,
+                host_miss_ns: Some(miss_ms * 1e6),
+            };
+            advise(
+                &empty_report(),
+                &profile,
+                ProfileSource::Unfiltered,
+                &facts,
+                &random_window(60.0, costs),
+            )
+        };
+        // The paper's host: a host-cache hit is cheap beside a disk seek.
+        let paper = with(0.1, 8.0);
+        assert_eq!(paper.guest_io.recommended, GuestIo::Direct, "{paper:?}");
+        assert_eq!(paper.guest_memory_bytes.recommended, 128 * MIB);
+        let p = paper.predicted.unwrap();
+        assert!(p.direct_read_ns < p.buffered_read_ns, "{p:?}");
+        assert!(paper.guest_memory_bytes.explanation.contains("weighed by"));
+        // A device as fast as the host's cache: every read that leaves the
+        // guest costs the same, so the guest's own cache wins.
+        let fast = with(2.0, 2.0);
+        assert_eq!(fast.guest_io.recommended, GuestIo::Buffered, "{fast:?}");
+        assert_eq!(fast.guest_memory_bytes.recommended, 1024 * MIB);
+        // Too few reads measured: the regime decides, as table 5 did.
+        let mut few = random_window(60.0, ReadCosts::default());
+        few.read_costs.host_hits = 3;
+        let advice = advise(
+            &empty_report(),
+            &profile,
+            ProfileSource::Unfiltered,
+            &facts,
+            &few,
+        );
+        assert!(advice.predicted.is_none());
+        assert_eq!(advice.guest_io.recommended, GuestIo::Direct);
     }
 
     #[test]

@@ -15,8 +15,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use devices::virtio::balloon::{tags, BalloonControl};
-use devices::virtio::block::CacheMode;
-use iotrace::advisor::{self, Advice, DiskCache, GuestIo, ProfileSource, VmFacts};
+use devices::virtio::block::counters::RequestKind;
+use devices::virtio::block::{CacheMode, TraceRecord};
+use iotrace::advisor::{
+    self, Advice, DiskCache, GuestIo, ProfileSource, ReadCosts, VmFacts, WindowFacts,
+};
 use iotrace::layers;
 use iotrace::reuse::ReuseProfile;
 use serde::{Deserialize, Serialize};
@@ -147,6 +150,8 @@ pub struct AdviceReport {
     pub distinct_blocks: u64,
     pub reuse_ratio: f64,
     pub profile_source: ProfileSource,
+    /// The window's shape and what its reads cost.
+    pub window: WindowFacts,
     pub guest: GuestMemory,
     pub facts: VmFacts,
     /// How the host's share was reckoned.
@@ -205,9 +210,11 @@ pub fn advise(
         start_ns: 0,
         end_ns: u64::MAX,
     };
-    let blocks = layers::virtual_disk_blocks(window, &records, PROFILE_BLOCK_BYTES);
+    let io_records: Vec<layers::IoRecord> = records.iter().filter_map(|r| r.io_record()).collect();
+    let blocks = layers::virtual_disk_blocks(window, &io_records, PROFILE_BLOCK_BYTES);
     let profile = ReuseProfile::from_trace(blocks, PROFILE_BLOCK_BYTES);
-    let advice = advisor::advise(&report.layers, &profile, source, &facts);
+    let shape = window_facts(report.seconds, &records);
+    let advice = advisor::advise(&report.layers, &profile, source, &facts, &shape);
     let explanations = vec![
         advice.guest_memory_bytes.explanation.clone(),
         advice.guest_io.explanation.clone(),
@@ -225,6 +232,7 @@ pub fn advise(
         distinct_blocks: profile.distinct_blocks(),
         reuse_ratio: profile.max_hit_ratio(),
         profile_source: source,
+        window: shape,
         guest,
         facts,
         host_cache_share: host_note,
@@ -232,6 +240,50 @@ pub fn advise(
         explanations,
         applied,
     })
+}
+
+/// The window's shape and read costs from the virtual disk's records.
+/// Records are in completion order, which for one stream of reads is
+/// their order (a few out of order only lower the sequential share).
+pub fn window_facts(seconds: f64, records: &[TraceRecord]) -> WindowFacts {
+    let mut costs = ReadCosts::default();
+    let (mut hit_ns, mut miss_ns) = (0u128, 0u128);
+    let (mut reads, mut sequential) = (0u64, 0u64);
+    let mut next_offset = None;
+    for record in records
+        .iter()
+        .filter(|r| r.ok && r.kind == RequestKind::Read)
+    {
+        let Some(offset) = record.offset else {
+            continue;
+        };
+        reads += 1;
+        if next_offset == Some(offset) {
+            sequential += 1;
+        }
+        next_offset = Some(offset + record.bytes);
+        // Kick to interrupt: what the guest waited for in the VMM and host.
+        let time: u128 = record.stages_ns.iter().map(|&ns| u128::from(ns)).sum();
+        match record.host_cached_bytes {
+            Some(cached) if cached >= record.bytes => {
+                costs.host_hits += 1;
+                hit_ns += time;
+            }
+            Some(0) => {
+                costs.host_misses += 1;
+                miss_ns += time;
+            }
+            _ => {}
+        }
+    }
+    let mean = |sum: u128, n: u64| (n > 0).then(|| sum as f64 / n as f64);
+    costs.host_hit_ns = mean(hit_ns, costs.host_hits);
+    costs.host_miss_ns = mean(miss_ns, costs.host_misses);
+    WindowFacts {
+        seconds,
+        sequential_read_ratio: (reads > 0).then(|| sequential as f64 / reads as f64),
+        read_costs: costs,
+    }
 }
 
 fn guest_memory(balloon: Option<&BalloonControl>) -> Result<GuestMemory, AdviseError> {
@@ -466,6 +518,50 @@ pub fn render(report: &AdviceReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn read(offset: u64, bytes: u64, cached: Option<u64>, total_ns: u64) -> TraceRecord {
+        TraceRecord {
+            time_ns: offset,
+            kind: RequestKind::Read,
+            ok: true,
+            offset: Some(offset),
+            bytes,
+            queue: 0,
+            stages_ns: [total_ns / 4; 4],
+            host_cached_bytes: cached,
+        }
+    }
+
+    #[test]
+    fn window_facts_split_reads_by_where_the_host_found_them() {
+        // Three sequential reads the host held, two random it did not, one
+        // it held in part (counted in neither), one write (ignored).
+        let mut records = vec![
+            read(0, 4096, Some(4096), 400),
+            read(4096, 4096, Some(4096), 800),
+            read(8192, 4096, Some(4096), 1200),
+            read(1 << 30, 16384, Some(0), 8000),
+            read(1 << 20, 16384, Some(0), 12000),
+            read(1 << 21, 8192, Some(4096), 4000),
+        ];
+        records.push(TraceRecord {
+            kind: RequestKind::Write,
+            ..read(12288, 4096, None, 100)
+        });
+        let facts = window_facts(2.0, &records);
+        assert_eq!(facts.seconds, 2.0);
+        let costs = facts.read_costs;
+        assert_eq!((costs.host_hits, costs.host_misses), (3, 2));
+        assert_eq!(costs.host_hit_ns, Some(800.0));
+        assert_eq!(costs.host_miss_ns, Some(10000.0));
+        // Of six reads, the second and third ran on from the one before.
+        let sequential = facts.sequential_read_ratio.unwrap();
+        assert!((sequential - 2.0 / 6.0).abs() < 1e-9, "{sequential}");
+        // No reads: nothing to say.
+        let empty = window_facts(1.0, &[]);
+        assert_eq!(empty.sequential_read_ratio, None);
+        assert_eq!(empty.read_costs.host_hit_ns, None);
+    }
 
     #[test]
     fn guest_memory_from_balloon_statistics_needs_three_values() {

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use devices::virtio::block::{
-    now_ns, CacheMode, DiskTracer, TraceError, TraceSession, TRACE_CAPACITY,
+    now_ns, CacheMode, DiskTracer, TraceError, TraceRecord, TraceSession, TRACE_CAPACITY,
 };
 use iotrace::host_cache::HostCacheProbe;
 use iotrace::layers::{
@@ -331,18 +331,13 @@ impl VmIoTrace {
     pub fn advice_window(
         &self,
         disk: Option<&str>,
-    ) -> Result<(IoTraceReport, Vec<layers::IoRecord>, CacheMode), IoTraceError> {
+    ) -> Result<(IoTraceReport, Vec<TraceRecord>, CacheMode), IoTraceError> {
         let disk = self.disk(disk)?;
         let windows = self.lock();
         let window = windows
             .get(&disk.id)
             .ok_or_else(|| IoTraceError::NotTraced(disk.id.clone()))?;
-        let records = window
-            .session
-            .records()
-            .iter()
-            .filter_map(|r| r.io_record())
-            .collect();
+        let records = window.session.records();
         let agent_now = self.ask_now(&window.query);
         Ok((
             report_of(disk, window, &agent_now, true),
