@@ -4,12 +4,16 @@
 Several Debian guests (scripts/build-guest-debian) run at once on one host,
 each with its own data disk (ext4, cache=writeback) and swap disk, so that
 they share the host page cache as the paper's six Xen VMs did. Each data
-disk is a loop device over a file in --workdir with direct I/O to that file
-(`losetup --direct-io=on`): the host page cache of the disk is then the
-loop device's alone, and its /sys/block/loopN/stat is that VM's physical
-layer, not the whole host disk's. The host's memory is what the rig gives
-L1 (HK_RIG_MEM; scripts/bench-iocache sets it), which the guests' memory
-and the host page cache share.
+disk is a dm-delay device over a loop device over a file in --workdir with
+direct I/O to that file (`losetup --direct-io=on`): the host page cache of
+the disk is then the dm device's alone, and its /sys/block/dm-N/stat is
+that VM's physical layer, not the whole host disk's. dm-delay makes a read
+the host cache misses wait --miss-delay-ms, as the paper's disk made it
+seek: in the rig, L1's own disk is served from L0's page cache about as
+fast as a hit, and without a cost for a miss the host cache could not
+matter (the delay is off while the caches are settled). The host's memory
+is what the rig gives L1 (HK_RIG_MEM; scripts/bench-iocache sets it),
+which the guests' memory and the host page cache share.
 
 Per guest memory size (--small-mib and --large-mib, the paper's 128 MB and
 1 GB scaled to the rig), one boot of --vms guests; in it, per data set
@@ -32,8 +36,10 @@ bad starting configuration at the smallest and the largest data set (all
 guests at once: a small guest with direct I/O on a small data set, the
 balloon holding the difference; a large guest with buffered I/O on a large
 one) and the cell run again as it advised. The tracer's own cost is the
-ffsb cell with direct I/O at --overhead-size, tracing off and on in turn,
---overhead-pairs times: ops/s and the VMMs' CPU seconds.
+ffsb cell with direct I/O at --overhead-size (by default the smallest, whose
+reads all hit the host cache: the fastest requests, where a per-request
+cost shows most), tracing off and on in turn, --overhead-pairs times: ops/s
+and the VMMs' CPU seconds.
 
 Writes bench/results/iocache.json (every cell, the reports, the
 environment), iocache.md (table 5 beside ours, figures 8-11's numbers, the
@@ -128,25 +134,54 @@ def data_tree(work, sizes):
     return root
 
 
+def dmsetup(args):
+    """dmsetup without udev (L1 runs none): it makes /dev/mapper's nodes
+    itself."""
+    return sh("DM_DISABLE_UDEV=1 dmsetup --noudevsync %s" % args)
+
+
 class DataDisk:
     """A VM's data disk: an ext4 file system (holding TREE) on a loop
-    device (direct I/O to its backing file, so the loop device's page cache
-    is the only host cache of it) and its swap disk, a plain file."""
+    device (direct I/O to its backing file, so no page cache below it), under
+    a dm-delay device that the VM opens (cache=writeback: the dm device's
+    page cache is the host cache of this disk, and its /sys/block/dm-N/stat
+    the physical layer); and its swap disk, a plain file.
+
+    dm-delay is the host's disk: in the rig, a read the host cache misses
+    goes to L1's virtual disk, which L0's page cache serves at about the
+    speed of a hit, so without it the host cache would not matter. Reads
+    that reach it wait --miss-delay-ms (writes none: the host's write-back
+    absorbs them in every configuration alike); see set_read_delay."""
 
     def __init__(self, work, n, data_mib, swap_mib, tree, first=None):
         self.file = os.path.join(work, "data%d.img" % n)
         self.swap = os.path.join(work, "swap%d.img" % n)
+        self.name = "hk-iocache-%d" % n
         if first:  # the same file system: a copy is faster than mke2fs
             sh("cp --sparse=always %s %s" % (first.file, self.file))
         else:
             sh("truncate -s %dM %s" % (data_mib, self.file))
             sh("mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=0 -d %s %s"
                % (tree, self.file))
-        self.dev = sh("losetup --find --show --direct-io=on %s" % self.file)
+        self.loop = sh("losetup --find --show --direct-io=on %s" % self.file)
+        self.sectors = int(sh("blockdev --getsz %s" % self.loop))
+        dmsetup("create %s --table '%s'" % (self.name, self.table(0)))
+        self.dev = "/dev/mapper/" + self.name
         sh("truncate -s %dM %s && mkswap -q %s" % (swap_mib, self.swap, self.swap))
 
+    def table(self, read_delay_ms):
+        return "0 %d delay %s 0 %d %s 0 0" % (self.sectors, self.loop, read_delay_ms, self.loop)
+
+    def set_read_delay(self, ms):
+        """Changes the device's read delay under the running VM (its I/O
+        waits while the device is suspended)."""
+        dmsetup("suspend --nolockfs %s" % self.name)
+        dmsetup("load %s --table '%s'" % (self.name, self.table(ms)))
+        dmsetup("resume %s" % self.name)
+
     def close(self):
-        subprocess.run(["losetup", "-d", self.dev], stderr=subprocess.DEVNULL)
+        subprocess.run("DM_DISABLE_UDEV=1 dmsetup --noudevsync remove %s; losetup -d %s"
+                       % (self.name, self.loop), shell=True, stderr=subprocess.DEVNULL)
 
 
 # ------------------------------------------------------------ the guests ----
@@ -230,13 +265,19 @@ def layout(guests, size_mib, timeout):
            timeout)
 
 
-def settle(guests, size_mib, timeout):
+def settle(guests, disks, size_mib, delay_ms, timeout):
     """The same start for every configuration: both caches dropped, then
     the data set read once in each guest (what a long run's first pass
-    does), which leaves in each cache what fits there."""
+    does), which leaves in each cache what fits there. The pass reads with
+    the disks' delay off (it would take as long as the cells themselves),
+    and the delay is on again for the cells."""
+    for d in disks:
+        d.set_read_delay(0)
     drop_host_caches()
     on_all(guests, "sync; echo 3 > /proc/sys/vm/drop_caches; "
            "find /data/s%d -type f -exec cat {} + > /dev/null" % size_mib, timeout)
+    for d in disks:
+        d.set_read_delay(delay_ms)
 
 
 def ffsb_command(size_mib, io, seconds, ramp):
@@ -414,7 +455,8 @@ def ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=True, tag=N
     return rec
 
 
-def advised_runs(args, guests, tracer, mem_label, size, start_io, start_swap, balloon_mib):
+def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_swap,
+                 balloon_mib):
     """The advisor from a starting configuration: every guest runs the cell
     traced, gets `ctl advise --apply`, switches its I/O mode and swap as
     advised, and the cell runs again. Both cells' records and the advice."""
@@ -424,6 +466,8 @@ def advised_runs(args, guests, tracer, mem_label, size, start_io, start_swap, ba
         g.ctl("balloon", "--target", mib_arg(balloon_mib))
     wait_balloon(args, guests, balloon_mib)
     set_swap(guests, start_swap)
+    # Each configuration from its own settled caches, as in the table.
+    settle(guests, disks, size, args.miss_delay_ms, 1800)
     for g in guests:
         tracer.start(g)
     before = ffsb_cell(args, guests, tracer, mem_label, size, start_io, start_swap,
@@ -444,6 +488,7 @@ def advised_runs(args, guests, tracer, mem_label, size, start_io, start_swap, ba
     target = a0.get("applied", {}).get("balloon_target_mib", balloon_mib)
     wait_balloon(args, guests, target)
     set_swap(guests, swap)
+    settle(guests, disks, size, args.miss_delay_ms, 1800)
     after = ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=False,
                       tag="advisor-advised")
     for g in guests:
@@ -520,18 +565,18 @@ def run_boot(args, mem_label, mem_mib, disks, work, results):
                     continue
                 set_swap(guests, swap)
                 t = time.monotonic()
-                settle(guests, size, 1800)
+                settle(guests, disks, size, args.miss_delay_ms, 1800)
                 print("  settle %d MiB: %.0f s" % (size, time.monotonic() - t), flush=True)
                 for io in IO_MODES:
                     results.append(ffsb_cell(args, guests, tracer, mem_label, size, io, swap))
             if mem_label == "large" and size == args.overhead_size:
                 results.extend(overhead_runs(args, guests, tracer, mem_label))
             if mem_label == "large" and size == min(args.sizes):
-                results.append(advised_runs(args, guests, tracer, mem_label, size, "direct",
-                                            "on", mem_mib - args.small_mib))
+                results.append(advised_runs(args, guests, disks, tracer, mem_label, size,
+                                            "direct", "on", mem_mib - args.small_mib))
             if mem_label == "large" and size == max(args.sizes):
-                results.append(advised_runs(args, guests, tracer, mem_label, size, "buffered",
-                                            "on", 0))
+                results.append(advised_runs(args, guests, disks, tracer, mem_label, size,
+                                            "buffered", "on", 0))
         set_swap(guests, "off")
         for size in args.postmark_sizes:
             print("  postmark mem=%s size=%dM" % (mem_label, size), flush=True)
@@ -618,6 +663,10 @@ def figure_rows(results):
                          fmt_opt(t["guest_hit_ratio"]), fmt_opt(t["host_probed_hit_ratio"])])
             name = ""
     return rows
+
+
+def fmt_ms(ns):
+    return "%.2f" % (ns / 1e6) if ns is not None else "-"
 
 
 def fmt_opt(v, fmt="%.2f"):
@@ -707,7 +756,10 @@ def write_md(args, env, results, path, drew):
     rows, best = table5_rows(args, results)
     lines = ["# Guest and host caches (seed 002): the paper's experiment", ""]
     lines += md_context(env, "Inside the rig every guest shares one L1 vCPU; the host page "
-                        "cache is L1's (HK_RIG_MEM=%s MiB)." % env.get("l1_memory_mib"))
+                        "cache is L1's (HK_RIG_MEM=%s MiB). A read the host cache misses "
+                        "waits %d ms at the data disk (dm-delay), the host's disk: without "
+                        "it L0's page cache would serve L1's misses about as fast as a hit."
+                        % (env.get("l1_memory_mib"), args.miss_delay_ms))
     lines += ["## FFSB-like fio (table 5): ops/s per VM, %d VMs at once" % args.vms, "",
               "Guest memory %d MiB (small) and %d MiB (large), the paper's 128 MB and 1 GB "
               "scaled to the rig; the best configuration of each data set size in bold."
@@ -733,7 +785,18 @@ def write_md(args, env, results, path, drew):
         lines += ["## The advisor (`ctl advise --apply` on every guest)", "",
                   md_table(arows), ""]
         for a in adv:
-            for line in (a.get("advice") or [{}])[0].get("explanations", []):
+            first = (a.get("advice") or [{}])[0]
+            window = first.get("window", {})
+            costs = window.get("read_costs", {})
+            if costs:
+                lines.append("- %d MiB, first VM's window (%.0f s): %s reads the host cache "
+                             "held at %s ms, %s it missed at %s ms; working set %s MiB (%s)"
+                             % (a["size_mib"], window.get("seconds", 0),
+                                costs.get("host_hits"), fmt_ms(costs.get("host_hit_ns")),
+                                costs.get("host_misses"), fmt_ms(costs.get("host_miss_ns")),
+                                first.get("advice", {}).get("working_set_bytes", 0) >> 20,
+                                first.get("advice", {}).get("working_set_method", "-")))
+            for line in first.get("explanations", []):
                 lines.append("- %s" % line)
         lines.append("")
     ov = overhead_summary(results)
@@ -770,19 +833,21 @@ def main():
     p.add_argument("--vms", type=int, default=3)
     p.add_argument("--small-mib", type=int, default=128)
     p.add_argument("--large-mib", type=int, default=512)
-    p.add_argument("--sizes", type=int, nargs="+", default=[32, 128, 384, 768],
+    p.add_argument("--sizes", type=int, nargs="+", default=[32, 256, 1024],
                    help="FFSB data set sizes, MiB per VM")
     p.add_argument("--seconds", type=int, default=15, help="each ffsb cell's counted time")
     p.add_argument("--ramp", type=int, default=5,
                    help="each ffsb cell's time before fio counts (its ramp_time)")
-    p.add_argument("--postmark-sizes", type=int, nargs="*", default=[32, 384])
+    p.add_argument("--postmark-sizes", type=int, nargs="*", default=[32])
     p.add_argument("--postmark-transactions", type=int, default=400)
-    p.add_argument("--dd-sizes", type=int, nargs="*", default=[64, 384])
-    p.add_argument("--overhead-size", type=int, default=128)
-    p.add_argument("--overhead-pairs", type=int, default=2)
+    p.add_argument("--dd-sizes", type=int, nargs="*", default=[64])
+    p.add_argument("--overhead-size", type=int, default=32)
+    p.add_argument("--overhead-pairs", type=int, default=3)
+    p.add_argument("--miss-delay-ms", type=int, default=40,
+                   help="what a read the host cache misses waits at the data disk (dm-delay)")
     p.add_argument("--swap-mib", type=int, default=512)
-    p.add_argument("--swap-sizes", type=int, nargs="*",
-                   help="the data set sizes that also run with swap on (default: all)")
+    p.add_argument("--swap-sizes", type=int, nargs="*", default=[32],
+                   help="the data set sizes that also run with swap on")
     p.add_argument("--boot-timeout", type=int, default=300)
     p.add_argument("--boots", nargs="+", default=["small", "large"],
                    choices=["small", "large"], help="which guest memory sizes to boot")
@@ -791,8 +856,6 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     args = p.parse_args()
     args.sizes = sorted(set(args.sizes))
-    if args.swap_sizes is None:
-        args.swap_sizes = args.sizes
     if args.overhead_size not in args.sizes:
         sys.exit("iocache.py: --overhead-size must be one of --sizes")
     for path in (args.kernel, args.debian_image, args.debian_initramfs):
@@ -828,8 +891,9 @@ def main():
         with open("/proc/meminfo") as f:
             env["l1_memory_mib"] = int(f.readline().split()[1]) // 1024
         env["vms"] = args.vms
-        env["data_disk"] = ("ext4 on a loop device (direct I/O to its file in %s), "
-                            "cache=writeback; swap %d MiB" % (args.workdir, args.swap_mib))
+        env["data_disk"] = ("ext4 on dm-delay (reads %d ms) over a loop device (direct I/O to "
+                            "its file in %s), cache=writeback; swap %d MiB"
+                            % (args.miss_delay_ms, args.workdir, args.swap_mib))
         print("iocache benchmark: %s; host memory %d MiB" % (env["note"], env["l1_memory_mib"]),
               flush=True)
         if args.merge:
