@@ -42,6 +42,9 @@ mod transport;
 mod view;
 mod websocket;
 
+#[doc(hidden)]
+pub mod fuzzing;
+
 #[cfg(test)]
 mod tests;
 

@@ -64,7 +64,7 @@ struct Request {
     must_answer: bool,
 }
 
-struct Session<'a, T: Transport> {
+pub(super) struct Session<'a, T: Transport> {
     transport: T,
     poller: Poller,
     server: &'a Shared,
@@ -91,27 +91,9 @@ struct Session<'a, T: Transport> {
 /// must be over by `deadline` (the front door's timeout from accept): a
 /// connection that never finishes it would hold a thread and a slot.
 pub fn run<T: Transport>(transport: T, server: &Shared, client: &Client, deadline: Instant) -> End {
-    let poller = match Poller::new(transport.fd(), Some(&client.wake), &server.shutdown) {
-        Ok(p) => p,
-        Err(e) => return End::Closed(format!("poll setup failed: {e}")),
-    };
-    let screen = &server.screen;
-    let mut session = Session {
-        transport,
-        poller,
-        server,
-        client,
-        input: Vec::new(),
-        discard: 0,
-        output_queued: false,
-        phase: Phase::Version,
-        version: Version::V3_8,
-        challenge: [0; auth::CHALLENGE_LEN],
-        converter: PixelConverter::new(&PixelFormat::SERVER),
-        encoding: PixelEncoding::Raw,
-        zrle: None,
-        request: None,
-        view: ClientView::new(screen.width(), screen.height()),
+    let mut session = match Session::new(transport, server, client) {
+        Ok(s) => s,
+        Err(end) => return end,
     };
     let end = session.serve(deadline);
     if matches!(end, End::Refused(_)) {
@@ -119,6 +101,69 @@ pub fn run<T: Transport>(transport: T, server: &Shared, client: &Client, deadlin
     }
     session.transport.close();
     end
+}
+
+impl<'a, T: Transport> Session<'a, T> {
+    /// A session at its start, before the server's ProtocolVersion.
+    fn new(transport: T, server: &'a Shared, client: &'a Client) -> Result<Session<'a, T>, End> {
+        let poller = Poller::new(transport.fd(), Some(&client.wake), &server.shutdown)
+            .map_err(|e| End::Closed(format!("poll setup failed: {e}")))?;
+        let screen = &server.screen;
+        Ok(Session {
+            transport,
+            poller,
+            server,
+            client,
+            input: Vec::new(),
+            discard: 0,
+            output_queued: false,
+            phase: Phase::Version,
+            version: Version::V3_8,
+            challenge: [0; auth::CHALLENGE_LEN],
+            converter: PixelConverter::new(&PixelFormat::SERVER),
+            encoding: PixelEncoding::Raw,
+            zrle: None,
+            request: None,
+            view: ClientView::new(screen.width(), screen.height()),
+        })
+    }
+}
+
+/// Driving a session without its socket loop, for `super::fuzzing`: the
+/// same steps `serve` takes, on bytes handed in rather than read.
+impl<'a, T: Transport> Session<'a, T> {
+    /// A session that has sent its ProtocolVersion.
+    pub(super) fn start(
+        transport: T,
+        server: &'a Shared,
+        client: &'a Client,
+    ) -> Result<Session<'a, T>, End> {
+        let mut session = Session::new(transport, server, client)?;
+        session.reply(protocol::SERVER_VERSION.to_vec())?;
+        Ok(session)
+    }
+
+    /// Takes `bytes` as if just read, then handles input, updates and
+    /// output as one turn of `serve`'s loop does.
+    pub(super) fn feed(&mut self, bytes: &[u8]) -> Result<(), End> {
+        self.input.extend_from_slice(bytes);
+        self.process_input()?;
+        let write_failed = |e: io::Error| End::Closed(format!("write failed: {e}"));
+        self.flush().map_err(write_failed)?;
+        self.maybe_update()?;
+        self.flush().map_err(write_failed)
+    }
+
+    /// The challenge, while the session waits for its response.
+    pub(super) fn challenge_pending(&self) -> Option<[u8; auth::CHALLENGE_LEN]> {
+        (self.phase == Phase::AuthResponse).then_some(self.challenge)
+    }
+
+    /// Whether the client got past security (authenticated, if a password
+    /// is set).
+    pub(super) fn past_security(&self) -> bool {
+        matches!(self.phase, Phase::ClientInit | Phase::Normal)
+    }
 }
 
 impl<T: Transport> Session<'_, T> {
