@@ -454,3 +454,113 @@ fn clip(s: &str) -> &str {
     }
     &s[..end]
 }
+
+/// Entry point for the fuzz target in `fuzz/` (not an API).
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::io::{Read, Write};
+    use std::net::Shutdown;
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use super::{serve_connection, ServerOptions};
+    use crate::action::{ApiAction, ApiError, ApiResponse, VmController};
+
+    /// Accepts every action with 204, or refuses a few with an error, so
+    /// both answers are written.
+    struct Agreeable;
+
+    impl VmController for Agreeable {
+        fn handle(&self, action: ApiAction) -> Result<ApiResponse, ApiError> {
+            match action {
+                ApiAction::Pause | ApiAction::Resume => Err(ApiError {
+                    status: 409,
+                    message: "not now".into(),
+                }),
+                _ => Ok(ApiResponse::Empty),
+            }
+        }
+    }
+
+    /// Serves one connection whose client sent `input` (any number of
+    /// pipelined requests) and closed its sending side, as the server's
+    /// connection threads do. Returns what the server wrote back; panics
+    /// unless that is a sequence of well-framed HTTP/1.1 responses with
+    /// statuses from 200 to 599 (after any 100 Continue).
+    pub fn serve(input: &[u8]) -> std::io::Result<Vec<u8>> {
+        let (mut client, server) = UnixStream::pair()?;
+        // A socket pair buffers far more than a fuzz input and its answers.
+        client.write_all(input)?;
+        client.shutdown(Shutdown::Write)?;
+        let options = ServerOptions {
+            request_timeout: Duration::from_millis(200),
+            max_body_bytes: 4096,
+            max_header_bytes: 2048,
+            ..ServerOptions::default()
+        };
+        serve_connection(server, &Agreeable, &options, &AtomicBool::new(false));
+        let mut out = Vec::new();
+        client.read_to_end(&mut out)?;
+        check_responses(&out);
+        Ok(out)
+    }
+
+    fn check_responses(mut out: &[u8]) {
+        while !out.is_empty() {
+            let mut headers = [httparse::EMPTY_HEADER; 16];
+            let mut response = httparse::Response::new(&mut headers);
+            let head = match response.parse(out) {
+                Ok(httparse::Status::Complete(n)) => n,
+                other => panic!("not an HTTP response: {other:?}"),
+            };
+            let status = response.code.unwrap_or(0);
+            // 100 Continue has no body and precedes the real answer.
+            if status == 100 {
+                out = &out[head..];
+                continue;
+            }
+            assert!((200..600).contains(&status), "status {status}");
+            let length = response
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                .map(|h| {
+                    std::str::from_utf8(h.value)
+                        .unwrap()
+                        .parse::<usize>()
+                        .unwrap()
+                })
+                .unwrap_or(0);
+            assert!(out.len() >= head + length, "a response's body is cut short");
+            out = &out[head + length..];
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn pipelined_requests_get_their_answers_in_order() {
+            let out = serve(
+                b"GET /api/v1/vmm.ping HTTP/1.1\r\n\r\n\
+                  PUT /api/v1/vm.pause HTTP/1.1\r\nContent-Length: 0\r\n\r\n\
+                  GET /nowhere HTTP/1.1\r\n\r\n",
+            )
+            .unwrap();
+            let text = String::from_utf8(out).unwrap();
+            let statuses: Vec<&str> = text
+                .match_indices("HTTP/1.1 ")
+                .map(|(i, _)| &text[i + 9..i + 12])
+                .collect();
+            assert_eq!(statuses, ["204", "409", "404"], "{text}");
+        }
+
+        #[test]
+        #[should_panic(expected = "not an HTTP response")]
+        fn a_broken_answer_is_a_finding() {
+            check_responses(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}garbage");
+        }
+    }
+}
