@@ -251,7 +251,7 @@ fn clone_stream(stream: &TcpStream) -> Result<TcpStream, MigrationError> {
 }
 
 /// Reads and checks the source's hello.
-fn read_hello(reader: &mut TcpStream) -> Result<Hello, MigrationError> {
+fn read_hello(reader: &mut impl std::io::Read) -> Result<Hello, MigrationError> {
     let message = read_message(reader)?.0;
     let Message::Hello(json) = message else {
         return Err(MigrationError::Unexpected {
@@ -729,6 +729,70 @@ fn accept_resume(
         reader.set_read_timeout(None).ok();
         shared.reconnected(writer)?;
         return Ok(reader);
+    }
+}
+
+/// Entry point for the fuzz target in `fuzz/` (not an API).
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Takes a precopy stream from `input` into `memory` as [`Incoming::receive`]
+    /// does, with the same parsers and the same placement: the hello and
+    /// its check against `machine`, pages and zero runs, checksums and
+    /// their verification, the state and its check, and `Done`. A switch
+    /// to postcopy drops the listed pages and ends the run there: what
+    /// follows needs userfaultfd and a running guest.
+    pub fn precopy_stream(
+        memory: &GuestMemoryMmap,
+        machine: &MachineState,
+        mut input: &[u8],
+    ) -> Result<(), MigrationError> {
+        let hello = read_hello(&mut input)?;
+        check_machine(&hello, machine).map_err(MigrationError::RefusedIncoming)?;
+        let layout = RamLayout::new(memory);
+        let status = SharedStatus::new(MigrationStatus::new(
+            "destination",
+            hello.mode,
+            "fuzz".into(),
+            layout.pages() as u64,
+        ));
+        let history = PageHistory::new(layout.clone());
+        let written = PageBitmap::new(layout.pages());
+        loop {
+            match read_message(&mut input)?.0 {
+                Message::Pages { kind, first, data } => {
+                    let count = data.len() / PAGE_SIZE;
+                    write_pages(&history, &written, kind, first, Some(&data), count)?
+                }
+                Message::Zero { kind, first, count } => {
+                    write_pages(&history, &written, kind, first, None, count as usize)?
+                }
+                Message::Postcopy { discard } => {
+                    return discard_pages(&history, &written, &discard);
+                }
+                Message::Checksums(crcs) => {
+                    if !history.set_source_crcs(crcs) {
+                        return Err(MigrationError::Invalid("checksums refused".into()));
+                    }
+                }
+                Message::State(json) => {
+                    let envelope: StateEnvelope = serde_json::from_slice(&json)
+                        .map_err(|e| MigrationError::Invalid(format!("state: {e}")))?;
+                    check_state(&envelope.snapshot, machine)?;
+                    if history.verifying() {
+                        verify_arrived(&history, None, &status)?;
+                    }
+                }
+                Message::Done => return Ok(()),
+                other => {
+                    return Err(MigrationError::Unexpected {
+                        got: other.name(),
+                        when: "in a precopy",
+                    })
+                }
+            }
+        }
     }
 }
 
