@@ -277,7 +277,11 @@ impl VsockHandler {
 
 /// Reads one guest packet (header, then `len` payload bytes) and gives it
 /// to the muxer; malformed ones are dropped (and their connection reset).
-fn handle_packet<R: Read + ReaderLen>(muxer: &mut VsockMuxer, buf: &mut [u8], reader: &mut R) {
+pub(super) fn handle_packet<R: Read + ReaderLen>(
+    muxer: &mut VsockMuxer,
+    buf: &mut [u8],
+    reader: &mut R,
+) {
     let mut raw = [0u8; HDR_LEN];
     if reader.remaining() < HDR_LEN || reader.read_exact(&mut raw).is_err() {
         tracing::debug!("vsock tx: packet shorter than its header");
@@ -310,7 +314,7 @@ fn notify(q: &mut Queue, mem: &GuestMemoryMmap, interrupt: &dyn VirtioInterrupt,
 }
 
 /// What is left to read of a descriptor chain.
-trait ReaderLen {
+pub(super) trait ReaderLen {
     fn remaining(&self) -> usize;
 }
 

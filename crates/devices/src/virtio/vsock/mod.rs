@@ -25,6 +25,8 @@
 
 pub mod connection;
 mod device;
+#[doc(hidden)]
+pub mod fuzzing;
 mod handler;
 pub mod muxer;
 pub mod packet;
