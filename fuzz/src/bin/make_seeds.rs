@@ -1,0 +1,287 @@
+//! Writes the seed inputs under `seeds/<target>/` (except block_request's,
+//! which are hand-made): real RFB sessions, a WebSocket upgrade and
+//! frames, API requests, a migration stream and a snapshot file, each
+//! produced by the project's own writers where it has one. Run from
+//! `fuzz/`: `cargo run --release --bin make_seeds`.
+
+use std::fs;
+use std::path::Path;
+
+use vm_memory::{Bytes, GuestAddress};
+
+use vmm::memory::GuestMemoryMmap;
+use vmm::migration::protocol::{write_message, Message, PageKind, PAGE_SIZE, PROTOCOL_VERSION};
+use vmm::migration::source::StateEnvelope;
+use vmm::migration::{Hello, MigrationMode};
+use vmm::snapshot::file::write_snapshot;
+use vmm::snapshot::HAKONIWA_VERSION;
+
+fn main() {
+    rfb_session();
+    websocket();
+    http_api();
+    migration_stream();
+    snapshot_file();
+    vsock_tx();
+}
+
+fn put(target: &str, name: &str, bytes: &[u8]) {
+    let dir = Path::new("seeds").join(target);
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join(name), bytes).unwrap();
+}
+
+/// A client's messages once the handshake is over: a 16-bit pixel
+/// format, encodings (ZRLE, CopyRect, Raw), a full and an incremental
+/// update request, a key, the pointer and clipboard text.
+fn rfb_messages() -> Vec<u8> {
+    let mut m = vec![0, 0, 0, 0];
+    // SetPixelFormat: 16 bpp, depth 16, little-endian, true colour, 5-6-5.
+    m.extend_from_slice(&[16, 16, 0, 1, 0, 31, 0, 63, 0, 31, 11, 5, 0, 0, 0, 0]);
+    m.extend_from_slice(&[2, 0, 0, 3]);
+    for encoding in [16i32, 1, 0] {
+        m.extend_from_slice(&encoding.to_be_bytes());
+    }
+    m.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 70, 0, 40]);
+    m.extend_from_slice(&[4, 1, 0, 0, 0, 0, 0xff, 0x0d]);
+    m.extend_from_slice(&[5, 1, 0, 10, 0, 20]);
+    m.extend_from_slice(&[6, 0, 0, 0, 0, 0, 0, 5]);
+    m.extend_from_slice(b"hello");
+    m.extend_from_slice(&[3, 1, 0, 0, 0, 0, 0, 70, 0, 40]);
+    m
+}
+
+fn rfb_session() {
+    let messages = rfb_messages();
+    // (control byte, name, client bytes before ClientInit)
+    let sessions: [(u8, &str, &[u8]); 5] = [
+        (0, "v38_none", b"RFB 003.008\n\x01"),
+        (0x14, "v38_none_split", b"RFB 003.008\n\x01"),
+        (0, "v37_none", b"RFB 003.007\n\x01"),
+        // With the password, the harness answers the challenge.
+        (0x03, "v38_password", b"RFB 003.008\n\x02"),
+        (0x2b, "v33_password_split", b"RFB 003.003\n"),
+    ];
+    for (control, name, handshake) in sessions {
+        let mut input = vec![control];
+        input.extend_from_slice(handshake);
+        input.push(1); // ClientInit, shared
+        input.extend_from_slice(&messages);
+        put("rfb_session", name, &input);
+    }
+    // Without the password: a wrong response.
+    let mut input = vec![0x01];
+    input.extend_from_slice(b"RFB 003.008\n\x02");
+    input.extend_from_slice(&[0x55; 16]);
+    put("rfb_session", "v38_wrong_password", &input);
+}
+
+/// A client-to-server WebSocket frame (masked, as RFC 6455 requires).
+fn frame(opcode_and_fin: u8, payload: &[u8]) -> Vec<u8> {
+    let mask = [0x12, 0x34, 0x56, 0x78];
+    let mut f = vec![opcode_and_fin];
+    if payload.len() < 126 {
+        f.push(0x80 | payload.len() as u8);
+    } else {
+        f.push(0x80 | 126);
+        f.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    }
+    f.extend_from_slice(&mask);
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    f
+}
+
+fn websocket() {
+    let upgrade = "GET / HTTP/1.1\r\nHost: 127.0.0.1:5700\r\nUpgrade: websocket\r\n\
+        Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+        Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: binary\r\n\
+        Origin: https://console.example\r\n\r\n";
+    let mut input = upgrade.as_bytes().to_vec();
+    input.extend(frame(0x82, b"RFB 003.008\n"));
+    // A fragmented binary message, a ping between its pieces.
+    input.extend(frame(0x02, b"\x01"));
+    input.extend(frame(0x89, b"ping"));
+    input.extend(frame(0x80, b"\x01"));
+    input.extend(frame(0x82, &rfb_messages()));
+    input.extend(frame(0x88, &1000u16.to_be_bytes()));
+    put("websocket", "novnc_session", &input);
+}
+
+fn http_api() {
+    let requests = [
+        (
+            "ping",
+            "GET /api/v1/vmm.ping HTTP/1.1\r\nHost: localhost\r\n\r\n".to_string(),
+        ),
+        (
+            "pipelined",
+            "GET /api/v1/vm.info HTTP/1.1\r\nHost: localhost\r\n\r\n\
+             PUT /api/v1/vm.pause HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n\
+             GET /api/v1/vm.counters?x=1 HTTP/1.0\r\n\r\n"
+                .to_string(),
+        ),
+        (
+            "snapshot_body",
+            body_request("/api/v1/vm.snapshot", r#"{"path":"/tmp/vm.snap"}"#, false),
+        ),
+        (
+            "migrate_continue",
+            body_request(
+                "/api/v1/vm.migrate",
+                r#"{"to":"tcp:127.0.0.1:7000","mode":"hybrid"}"#,
+                true,
+            ),
+        ),
+        (
+            "balloon_close",
+            body_request("/api/v1/vm.balloon", r#"{"target_mib":64}"#, false)
+                + "Connection: close\r\n",
+        ),
+    ];
+    for (name, request) in requests {
+        put("http_api", name, request.as_bytes());
+    }
+}
+
+fn body_request(path: &str, body: &str, expect: bool) -> String {
+    let expect = if expect {
+        "Expect: 100-continue\r\n"
+    } else {
+        ""
+    };
+    format!(
+        "PUT {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         {expect}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn migration_stream() {
+    let machine = hakoniwa_fuzz::migration_machine();
+    let hello = Hello {
+        protocol: PROTOCOL_VERSION,
+        hakoniwa: HAKONIWA_VERSION.to_string(),
+        mode: MigrationMode::Precopy,
+        machine: machine.clone(),
+        resume: false,
+    };
+    let page = |seed: u8| -> Vec<u8> { (0..PAGE_SIZE).map(|i| (i as u8) ^ seed).collect() };
+    let mut stream = Vec::new();
+    let mut send = |m: Message| {
+        write_message(&mut stream, &m).unwrap();
+    };
+    send(Message::Hello(serde_json::to_vec(&hello).unwrap()));
+    send(Message::Pages {
+        kind: PageKind::Precopy,
+        first: 0,
+        data: [page(1), page(2)].concat(),
+    });
+    send(Message::Zero {
+        kind: PageKind::Precopy,
+        first: 2,
+        count: 14,
+    });
+    // The second region, at 1 MiB (page 0x100).
+    send(Message::Pages {
+        kind: PageKind::Precopy,
+        first: 0x100,
+        data: page(3),
+    });
+    let envelope = StateEnvelope {
+        stopped_at_unix_ns: 1,
+        snapshot: hakoniwa_fuzz::vm_state(&machine),
+    };
+    let prefix = stream.clone();
+    let mut precopy = prefix.clone();
+    let send_to = |out: &mut Vec<u8>, m: Message| {
+        write_message(out, &m).unwrap();
+    };
+    send_to(
+        &mut precopy,
+        Message::State(serde_json::to_vec(&envelope).unwrap()),
+    );
+    send_to(&mut precopy, Message::Done);
+    put("migration_stream", "precopy", &precopy);
+    let mut postcopy = prefix;
+    send_to(
+        &mut postcopy,
+        Message::Postcopy {
+            discard: vec![(0, 1), (0x100, 1)],
+        },
+    );
+    put("migration_stream", "postcopy_switch", &postcopy);
+}
+
+fn snapshot_file() {
+    // The smallest memory a snapshot describes: 16 KiB in one region.
+    let size = 0x4000u64;
+    let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size as usize)]).unwrap();
+    memory
+        .write_slice(b"hakoniwa", GuestAddress(0x1000))
+        .unwrap();
+    let mut machine = hakoniwa_fuzz::migration_machine();
+    machine.memory_bytes = size;
+    machine.ram_regions = arch::layout::ram_regions(size);
+    let path = std::env::temp_dir().join(format!("hakoniwa-seed-{}.snap", std::process::id()));
+    write_snapshot(&path, &hakoniwa_fuzz::vm_state(&machine), &memory).unwrap();
+    let file = fs::read(&path).unwrap();
+    let _ = fs::remove_file(&path);
+    let mut input = vec![hakoniwa_fuzz::REPAIR_CHECKSUMS];
+    input.extend_from_slice(&file);
+    put("snapshot_file", "16k_repaired", &input);
+    input[0] = 0;
+    put("snapshot_file", "16k", &input);
+}
+
+/// A guest tx chain: header (`op` between guest `src_port` and host
+/// `dst_port`), then `payload`, after the chain's u16 length.
+fn vsock_chain(op: u16, src_port: u32, dst_port: u32, payload: &[u8]) -> Vec<u8> {
+    use devices::virtio::vsock::fuzzing::GUEST_CID;
+    use devices::virtio::vsock::packet::{
+        VsockHeader, HOST_CID, OP_SHUTDOWN, SHUTDOWN_SEND, TYPE_STREAM,
+    };
+    let hdr = VsockHeader {
+        src_cid: GUEST_CID,
+        dst_cid: HOST_CID,
+        src_port,
+        dst_port,
+        len: payload.len() as u32,
+        type_: TYPE_STREAM,
+        op,
+        flags: if op == OP_SHUTDOWN { SHUTDOWN_SEND } else { 0 },
+        buf_alloc: 64 * 1024,
+        fwd_cnt: 0,
+    };
+    let mut chain = hdr.to_bytes().to_vec();
+    chain.extend_from_slice(payload);
+    let mut out = (chain.len() as u16).to_le_bytes().to_vec();
+    out.extend(chain);
+    out
+}
+
+fn vsock_tx() {
+    use devices::virtio::vsock::fuzzing::LISTENING_PORT;
+    use devices::virtio::vsock::packet::*;
+    let port = LISTENING_PORT;
+    // The guest connects to a host service, sends, asks for credit, shuts
+    // down its sending side and resets.
+    let guest_connects = [
+        vsock_chain(OP_REQUEST, 1025, port, b""),
+        vsock_chain(OP_RW, 1025, port, b"hello from the guest"),
+        vsock_chain(OP_CREDIT_REQUEST, 1025, port, b""),
+        vsock_chain(OP_CREDIT_UPDATE, 1025, port, b""),
+        vsock_chain(OP_SHUTDOWN, 1025, port, b""),
+        vsock_chain(OP_RST, 1025, port, b""),
+    ]
+    .concat();
+    put("vsock_tx", "guest_connects", &guest_connects);
+    // The guest accepts the host program's connection to its port 5000
+    // (the muxer's first host-side port is 2^30) and answers.
+    let host_connects = [
+        vsock_chain(OP_RESPONSE, 5000, 1 << 30, b""),
+        vsock_chain(OP_RW, 5000, 1 << 30, b"hello from the guest"),
+        vsock_chain(OP_SHUTDOWN, 5000, 1 << 30, b""),
+    ]
+    .concat();
+    put("vsock_tx", "host_connects", &host_connects);
+}
