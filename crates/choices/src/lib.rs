@@ -11,6 +11,8 @@
 //! - [`MigrationMode`]: how a VM moves (seed 003);
 //! - [`SptPages`]: the shadow-page budget (seed 001);
 //! - [`OnOff`]: a switch (`--async-pf`, device flags);
+//! - [`SeccompMode`]: what a thread's seccomp filter does with a syscall
+//!   outside its allow-list (`--seccomp`);
 //! - [`LatencyHistogram`] and [`Boundaries`]: a disk's latency histograms
 //!   and their bucket boundaries (`ctl counters`, `vm.latency-histogram`).
 
@@ -167,6 +169,18 @@ choice! {
     /// A switch.
     pub enum OnOff {
         On = "on",
+        Off = "off",
+    }
+}
+
+choice! {
+    /// What the sandbox does with a syscall outside a thread's allow-list.
+    pub enum SeccompMode {
+        /// Stop the process with one line naming the thread and syscall.
+        On = "on",
+        /// The kernel logs the call and lets it proceed (finding allow-lists).
+        Log = "log",
+        /// No filters.
         Off = "off",
     }
 }
