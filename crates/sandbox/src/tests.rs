@@ -1,0 +1,192 @@
+//! The filters compile, a child includes its children's calls, and a
+//! forbidden call really is stopped (in a forked child, so the test
+//! process keeps no filter), while an allowed one and `log` go ahead.
+
+use std::io::Read;
+use std::os::fd::FromRawFd;
+
+use super::*;
+
+/// What the stopped child exits with, unlike anything else it could.
+const STOPPED: i32 = 77;
+
+#[test]
+fn every_kind_compiles_in_every_mode() {
+    for kind in ThreadKind::ALL {
+        for mode in [SeccompMode::On, SeccompMode::Log] {
+            let program = compile(*kind, mode).unwrap().unwrap();
+            assert!(
+                program.len() > 10,
+                "{kind} {mode}: {} instructions",
+                program.len()
+            );
+        }
+        assert!(compile(*kind, SeccompMode::Off).unwrap().is_none());
+    }
+}
+
+#[test]
+fn a_kind_allows_what_the_threads_it_starts_need() {
+    for kind in ThreadKind::ALL {
+        let list = kind.allow_list().unwrap();
+        for child in kind.starts() {
+            let child_list = child.allow_list().unwrap();
+            for call in 0..500 {
+                if child_list.mentions(call) {
+                    assert!(list.mentions(call), "{kind} starts {child}, lacks {call}");
+                }
+            }
+            assert!(list.mentions(libc::SYS_clone3) && list.mentions(libc::SYS_seccomp));
+        }
+    }
+    // Leaves start nothing and may not.
+    let signals = ThreadKind::Signals.allow_list().unwrap();
+    assert!(!signals.mentions(libc::SYS_clone) && !signals.mentions(libc::SYS_clone3));
+    // Nothing may execute another program, or trace one.
+    for kind in ThreadKind::ALL {
+        let list = kind.allow_list().unwrap();
+        for call in [
+            libc::SYS_execve,
+            libc::SYS_execveat,
+            libc::SYS_ptrace,
+            libc::SYS_fork,
+        ] {
+            assert!(!list.mentions(call), "{kind} allows {call}");
+        }
+    }
+}
+
+#[test]
+fn the_line_names_the_kind_and_the_call() {
+    let line = trap::describe_for_test(Some(ThreadKind::Vcpu), libc::SYS_socket);
+    assert_eq!(
+        line,
+        "\r\nhakoniwa: seccomp: the vcpu thread made system call socket (41), \
+         which its filter forbids; stopping (docs/security.md)\n"
+    );
+    let line = trap::describe_for_test(None, 99_999);
+    assert!(line.contains("the unsandboxed thread made system call ? (99999)"));
+}
+
+/// Forks; the child puts itself under `kind`'s filter for `mode`, runs
+/// `body`, and exits 0 if it returns. Gives the child's exit status and
+/// what it wrote to stderr.
+fn in_sandboxed_child(kind: ThreadKind, mode: SeccompMode, body: fn()) -> (i32, String) {
+    // Compiled before the fork: the child of a threaded process must not
+    // allocate.
+    let program = compile(kind, mode).unwrap().unwrap();
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: the child only makes async-signal-safe calls (dup2,
+    // sigaction, prctl, seccomp, the body's raw syscalls, _exit).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: fds[1] is the pipe's open write end.
+        unsafe { libc::dup2(fds[1], 2) };
+        if mode == SeccompMode::On && trap::install(STOPPED).is_err() {
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(3) };
+        }
+        trap::set_thread_kind(kind);
+        if seccompiler::apply_filter(&program).is_err() {
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(4) };
+        }
+        body();
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(0) };
+    }
+    // SAFETY: fds[1] is ours and closed once; fds[0] is owned by the File.
+    unsafe { libc::close(fds[1]) };
+    // SAFETY: fds[0] is the pipe's open read end, owned from here on.
+    let mut reader = unsafe { std::fs::File::from_raw_fd(fds[0]) };
+    let mut stderr = String::new();
+    reader.read_to_string(&mut stderr).unwrap();
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child status {status:#x}");
+    (libc::WEXITSTATUS(status), stderr)
+}
+
+/// `getppid` is in no kind's list.
+fn call_getppid() {
+    // SAFETY: a call without arguments or effects.
+    unsafe { libc::syscall(libc::SYS_getppid) };
+}
+
+#[test]
+fn on_stops_a_forbidden_call_and_says_which() {
+    let (status, stderr) = in_sandboxed_child(ThreadKind::Signals, SeccompMode::On, call_getppid);
+    assert_eq!(status, STOPPED, "stderr: {stderr}");
+    assert!(
+        stderr.contains("the signals thread made system call getppid (110)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn log_lets_a_forbidden_call_go_ahead() {
+    let (status, stderr) = in_sandboxed_child(ThreadKind::Signals, SeccompMode::Log, call_getppid);
+    assert_eq!((status, stderr.as_str()), (0, ""));
+}
+
+#[test]
+fn a_vcpu_may_make_kvm_ioctls_and_no_others() {
+    // KVM_GET_API_VERSION on a closed fd: allowed, fails with EBADF.
+    fn kvm_ioctl() {
+        // SAFETY: an ioctl on an fd that is not open.
+        unsafe { libc::ioctl(-1, 0xAE00) };
+    }
+    let (status, stderr) = in_sandboxed_child(ThreadKind::Vcpu, SeccompMode::On, kvm_ioctl);
+    assert_eq!((status, stderr.as_str()), (0, ""));
+    // TIOCSTI would push input into a terminal.
+    fn tiocsti() {
+        // SAFETY: an ioctl on an fd that is not open.
+        unsafe { libc::ioctl(-1, libc::TIOCSTI) };
+    }
+    let (status, stderr) = in_sandboxed_child(ThreadKind::Vcpu, SeccompMode::On, tiocsti);
+    assert_eq!(status, STOPPED, "stderr: {stderr}");
+    assert!(
+        stderr.contains("the vcpu thread made system call ioctl (16)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn no_thread_may_map_executable_memory() {
+    fn map_exec() {
+        // SAFETY: an anonymous mapping nobody uses.
+        unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+    }
+    let (status, stderr) = in_sandboxed_child(ThreadKind::Main, SeccompMode::On, map_exec);
+    assert_eq!(status, STOPPED, "stderr: {stderr}");
+    assert!(
+        stderr.contains("the main thread made system call mmap (9)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_thread_started_under_a_filter_keeps_it() {
+    // A thread the filtered child starts makes the forbidden call: the
+    // parent's filter, inherited, stops it.
+    fn from_a_new_thread() {
+        let _ = std::thread::spawn(call_getppid).join();
+    }
+    let (status, stderr) =
+        in_sandboxed_child(ThreadKind::VncAccept, SeccompMode::On, from_a_new_thread);
+    assert_eq!(status, STOPPED, "stderr: {stderr}");
+    assert!(stderr.contains("system call getppid"), "{stderr}");
+}
