@@ -98,7 +98,9 @@ fn rule(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompRule, RuleError>
 /// What every thread does: memory (never executable: no thread maps
 /// code after start-up), locks, time, signals (the vCPU kick and the
 /// sandbox's own SIGSYS), polling its fds, reading and writing fds it
-/// already holds, logging, and ending (also by abort: tgkill).
+/// already holds, logging, and ending (also by abort: tgkill). `mincore`:
+/// which pages of its own mappings are in memory (migration's page
+/// sets, the I/O tracer's host-cache residency).
 pub fn every_thread() -> Result<AllowList, RuleError> {
     let no_exec = libc::PROT_EXEC as u64;
     AllowList::default()
@@ -115,6 +117,7 @@ pub fn every_thread() -> Result<AllowList, RuleError> {
             libc::SYS_munmap,
             libc::SYS_mremap,
             libc::SYS_madvise,
+            libc::SYS_mincore,
             libc::SYS_brk,
             libc::SYS_rt_sigprocmask,
             libc::SYS_rt_sigreturn,
@@ -227,7 +230,7 @@ pub fn file_data() -> AllowList {
 /// Naming files: opening, creating, removing and renaming them
 /// (snapshots, dumps, traces, metrics, sockets' paths), and reading
 /// `/proc` and `/sys`.
-pub fn file_names() -> AllowList {
+pub fn file_names() -> Result<AllowList, RuleError> {
     AllowList::default()
         .calls(&[
             libc::SYS_open,
@@ -254,12 +257,16 @@ pub fn file_names() -> AllowList {
             libc::SYS_fstatfs,
             libc::SYS_getcwd,
             libc::SYS_flock,
+            libc::SYS_umask,
+            libc::SYS_mknodat,
             libc::SYS_memfd_create,
             libc::SYS_timerfd_create,
             libc::SYS_timerfd_settime,
             libc::SYS_timerfd_gettime,
         ])
         .union(&file_data())
+        // Reading a resource limit (a new limit of NULL), never setting one.
+        .call_with_arg(libc::SYS_prlimit64, 2, &[0])
 }
 
 /// `ioctl`s of one driver: the request's type byte (`_IOC_TYPE`).
@@ -288,6 +295,12 @@ pub fn terminal() -> Result<AllowList, RuleError> {
             libc::TIOCGWINSZ,
         ],
     )
+}
+
+/// A TAP device: the offloads it may use (set when the guest activates
+/// the device, possibly from a vCPU).
+pub fn tap() -> Result<AllowList, RuleError> {
+    AllowList::default().call_with_arg(libc::SYS_ioctl, 1, &[libc::TUNSETOFFLOAD])
 }
 
 /// Sends signals to this process's own threads and waits for signals

@@ -136,7 +136,7 @@ impl ThreadKind {
             // Joins and tears down; a failure report is a file; the
             // terminal goes back to cooked mode.
             ThreadKind::Main => list
-                .union(&allow::file_names())
+                .union(&allow::file_names()?)
                 .union(&allow::ioctl_type(KVMIO)?)
                 .union(&allow::ioctl_type(VFIO_TYPE)?)
                 .union(&allow::terminal()?)
@@ -147,11 +147,13 @@ impl ThreadKind {
                 .union(&allow::ioctl_type(KVMIO)?)
                 .union(&allow::ioctl_type(VFIO_TYPE)?),
             // Disks (io_uring or pread/pwrite, flushes, discards), TAP
-            // reads and writes, vsock's Unix sockets, the balloon's
+            // reads and writes (and the offloads the guest acked, set
+            // as the device activates), vsock's Unix sockets, the balloon's
             // madvise and hole punching.
             ThreadKind::VirtioWorker => list
                 .union(&allow::file_data())
                 .union(&allow::sockets(&[AF_UNIX])?)
+                .union(&allow::tap()?)
                 .calls(&[
                     libc::SYS_timerfd_create,
                     libc::SYS_timerfd_settime,
@@ -190,14 +192,14 @@ impl ThreadKind {
             // every ioctl family the VM's state lives behind, reading
             // /proc for `isolation`.
             ThreadKind::ApiConnection => list
-                .union(&allow::file_names())
+                .union(&allow::file_names()?)
                 .union(&allow::sockets(&[AF_UNIX, AF_INET, AF_INET6])?)
                 .union(&allow::ioctl_type(KVMIO)?)
                 .union(&allow::ioctl_type(VFIO_TYPE)?)
                 .union(&allow::ioctl_type(UFFDIO)?)
                 .calls(&[libc::SYS_userfaultfd]),
             ThreadKind::MigrateOut => list
-                .union(&allow::file_names())
+                .union(&allow::file_names()?)
                 .union(&allow::sockets(&[AF_UNIX, AF_INET, AF_INET6])?)
                 .union(&allow::ioctl_type(KVMIO)?)
                 .union(&allow::ioctl_type(VFIO_TYPE)?),
@@ -209,7 +211,7 @@ impl ThreadKind {
             // Writes its file or FIFO; KVM's statistics are KVM ioctls
             // and reads of their fds.
             ThreadKind::Metrics => list
-                .union(&allow::file_names())
+                .union(&allow::file_names()?)
                 .union(&allow::ioctl_type(KVMIO)?),
         })
     }

@@ -58,14 +58,17 @@ fn a_kind_allows_what_the_threads_it_starts_need() {
 
 #[test]
 fn the_line_names_the_kind_and_the_call() {
-    let line = trap::describe_for_test(Some(ThreadKind::Vcpu), libc::SYS_socket);
+    let line = trap::describe_for_test(Some(ThreadKind::Vcpu), libc::SYS_socket, [2, 1, 0]);
     assert_eq!(
         line,
-        "\r\nhakoniwa: seccomp: the vcpu thread made system call socket (41), \
-         which its filter forbids; stopping (docs/security.md)\n"
+        "\r\nhakoniwa: seccomp: the vcpu thread made system call socket (41, arguments \
+         0x2 0x1 0x0), which its filter forbids; stopping (docs/security.md)\n"
     );
-    let line = trap::describe_for_test(None, 99_999);
-    assert!(line.contains("the unsandboxed thread made system call ? (99999)"));
+    let line = trap::describe_for_test(None, 99_999, [u64::MAX, 0xabc, 0]);
+    assert!(
+        line.contains("the unsandboxed thread made system call ? (99999, arguments 0xffffffffffffffff 0xabc 0x0)"),
+        "{line}"
+    );
 }
 
 /// Forks; the child puts itself under `kind`'s filter for `mode`, runs
@@ -122,7 +125,7 @@ fn on_stops_a_forbidden_call_and_says_which() {
     let (status, stderr) = in_sandboxed_child(ThreadKind::Signals, SeccompMode::On, call_getppid);
     assert_eq!(status, STOPPED, "stderr: {stderr}");
     assert!(
-        stderr.contains("the signals thread made system call getppid (110)"),
+        stderr.contains("the signals thread made system call getppid (110, arguments"),
         "{stderr}"
     );
 }
@@ -150,7 +153,10 @@ fn a_vcpu_may_make_kvm_ioctls_and_no_others() {
     let (status, stderr) = in_sandboxed_child(ThreadKind::Vcpu, SeccompMode::On, tiocsti);
     assert_eq!(status, STOPPED, "stderr: {stderr}");
     assert!(
-        stderr.contains("the vcpu thread made system call ioctl (16)"),
+        stderr.contains(&format!(
+            "the vcpu thread made system call ioctl (16, arguments 0xffffffff {:#x} ",
+            libc::TIOCSTI
+        )),
         "{stderr}"
     );
 }
@@ -173,7 +179,7 @@ fn no_thread_may_map_executable_memory() {
     let (status, stderr) = in_sandboxed_child(ThreadKind::Main, SeccompMode::On, map_exec);
     assert_eq!(status, STOPPED, "stderr: {stderr}");
     assert!(
-        stderr.contains("the main thread made system call mmap (9)"),
+        stderr.contains("the main thread made system call mmap (9, arguments 0x0 0x1000 0x5)"),
         "{stderr}"
     );
 }

@@ -100,10 +100,26 @@ impl Line {
         }
         self.push(&digits[i..]);
     }
+
+    fn push_hex(&mut self, mut n: u64) {
+        let mut digits = [0u8; 16];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b"0123456789abcdef"[(n & 0xf) as usize];
+            n >>= 4;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(b"0x");
+        self.push(&digits[i..]);
+    }
 }
 
-/// The line the handler writes for call `number` in a thread of `kind`.
-fn describe(kind: Option<ThreadKind>, number: i64) -> Line {
+/// The line the handler writes for call `number` with its first three
+/// arguments (an ioctl's request is the second) in a thread of `kind`.
+fn describe(kind: Option<ThreadKind>, number: i64, args: [u64; 3]) -> Line {
     let mut line = Line {
         bytes: [0; 256],
         len: 0,
@@ -123,17 +139,47 @@ fn describe(kind: Option<ThreadKind>, number: i64) -> Line {
         line.push(b"-");
     }
     line.push_number(number.unsigned_abs());
+    line.push(b", arguments ");
+    for (i, arg) in args.iter().enumerate() {
+        if i > 0 {
+            line.push(b" ");
+        }
+        line.push_hex(*arg);
+    }
     line.push(b"), which its filter forbids; stopping (docs/security.md)\n");
     line
 }
 
-extern "C" fn on_sigsys(_signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+/// The trapped call's first three arguments, from the registers the
+/// kernel saved.
+#[cfg(target_arch = "x86_64")]
+fn arguments(context: *mut libc::c_void) -> [u64; 3] {
+    // SAFETY: with SA_SIGINFO the third argument of the handler is the
+    // interrupted context, a valid ucontext_t.
+    let regs = unsafe { &(*(context as *const libc::ucontext_t)).uc_mcontext.gregs };
+    [
+        regs[libc::REG_RDI as usize] as u64,
+        regs[libc::REG_RSI as usize] as u64,
+        regs[libc::REG_RDX as usize] as u64,
+    ]
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn arguments(_context: *mut libc::c_void) -> [u64; 3] {
+    [0; 3]
+}
+
+extern "C" fn on_sigsys(
+    _signal: libc::c_int,
+    info: *mut libc::siginfo_t,
+    context: *mut libc::c_void,
+) {
     // SAFETY: the kernel passes a valid siginfo for SIGSYS with
     // SA_SIGINFO, whose start is laid out as SigsysInfo.
     let number = unsafe { (*(info as *const SigsysInfo)).syscall };
     let index = KIND.with(|k| k.get());
     let kind = ThreadKind::ALL.get(usize::from(index)).copied();
-    let line = describe(kind, i64::from(number));
+    let line = describe(kind, i64::from(number), arguments(context));
     // SAFETY: writes bytes of a live buffer to stderr, then exits without
     // running anything else of this process (both async-signal-safe).
     unsafe {
@@ -143,7 +189,7 @@ extern "C" fn on_sigsys(_signal: libc::c_int, info: *mut libc::siginfo_t, _: *mu
 }
 
 #[cfg(test)]
-pub(crate) fn describe_for_test(kind: Option<ThreadKind>, number: i64) -> String {
-    let line = describe(kind, number);
+pub(crate) fn describe_for_test(kind: Option<ThreadKind>, number: i64, args: [u64; 3]) -> String {
+    let line = describe(kind, number, args);
     String::from_utf8_lossy(&line.bytes[..line.len]).into_owned()
 }
