@@ -127,6 +127,12 @@ struct RunArgs {
     /// fails it; also `ctl dump`'s default place.
     #[arg(long, value_name = "DIR")]
     dump_dir: Option<PathBuf>,
+    /// Seccomp filters on every thread (docs/security.md): on (a forbidden
+    /// system call stops the VMM with one line), log (the kernel logs it
+    /// and it goes ahead) or off.
+    #[arg(long, value_name = "on|log|off", default_value = "on",
+          value_parser = parse_choice::<choices::SeccompMode>)]
+    seccomp: choices::SeccompMode,
 }
 
 #[derive(clap::Args)]
@@ -473,6 +479,7 @@ fn vm_config(args: RunArgs) -> Result<VmConfig, String> {
         restore: args.restore,
         incoming: args.incoming,
         dump_dir: args.dump_dir,
+        seccomp: args.seccomp,
         passthrough: args.device,
         virtio: VirtioConfig {
             disks: args.disk,

@@ -183,6 +183,13 @@ fn unknown_flags() {
 }
 
 #[test]
+fn a_bad_seccomp_mode_is_one_line() {
+    let (code, stderr) = expect_error(&["run", "--seccomp", "maybe"], "--seccomp");
+    assert_eq!(code, 2, "usage errors exit 2");
+    assert!(stderr.contains("'maybe' is not on, log or off"), "{stderr}");
+}
+
+#[test]
 fn unreadable_initramfs() {
     let kernel = fake_bzimage();
     let dir = temp_dir();

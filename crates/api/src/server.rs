@@ -140,7 +140,10 @@ impl ApiServer {
         };
         let thread = std::thread::Builder::new()
             .name("api-server".into())
-            .spawn(move || ctx.run());
+            .spawn(move || {
+                sandbox::enter_or_exit(sandbox::ThreadKind::ApiServer);
+                ctx.run()
+            });
         let thread = match thread {
             Ok(t) => t,
             Err(e) => {
@@ -295,6 +298,7 @@ impl AcceptLoop {
         let _ = std::thread::Builder::new()
             .name("api-conn".into())
             .spawn(move || {
+                sandbox::enter_or_exit(sandbox::ThreadKind::ApiConnection);
                 let _slot = slot;
                 serve_connection(stream, &*controller, &options, &stopping);
             });

@@ -230,7 +230,10 @@ impl Display {
         };
         let thread = std::thread::Builder::new()
             .name("display".into())
-            .spawn(move || updater.run())
+            .spawn(move || {
+                sandbox::enter_or_exit(sandbox::ThreadKind::Display);
+                updater.run()
+            })
             .map_err(DisplayError::Thread)?;
         tracing::info!(
             "display: {}x{} {} framebuffer at {guest_address:#x}, dirty={}, refresh={}, VNC on {vnc_address}",

@@ -51,6 +51,9 @@ pub struct VmConfig {
     /// `--incoming tcp:ADDR:PORT` (as `ADDR:PORT`): take the VM a migration
     /// sends instead of booting (docs/migration.md).
     pub incoming: Option<String>,
+    /// `--seccomp`: what each thread's seccomp filter does with a call
+    /// outside its allow-list (docs/security.md).
+    pub seccomp: choices::SeccompMode,
     /// `--dump-dir`: where a failure report goes when a vCPU triple-faults
     /// or KVM fails it, and `ctl dump`'s default (crate::dump).
     pub dump_dir: Option<std::path::PathBuf>,

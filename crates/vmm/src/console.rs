@@ -182,6 +182,7 @@ pub fn spawn_input_thread(
     std::thread::Builder::new()
         .name("console-in".into())
         .spawn(move || {
+            sandbox::enter_or_exit(sandbox::ThreadKind::ConsoleInput);
             let mut parser = EscapeParser::default();
             let mut stdin = std::io::stdin();
             let mut buf = [0u8; 256];

@@ -112,6 +112,8 @@ pub enum Error {
     #[error("signal setup failed: {0}")]
     Signal(String),
     #[error("{0}")]
+    Sandbox(String),
+    #[error("{0}")]
     Api(String),
     #[error(transparent)]
     Arch(#[from] arch::Error),

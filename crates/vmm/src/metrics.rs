@@ -283,7 +283,10 @@ impl MetricsWriter {
             .name("metrics".into())
             .spawn({
                 let shared = shared.clone();
-                move || write_loop(out, interval.max(Duration::from_millis(1)), unique, shared)
+                move || {
+                    sandbox::enter_or_exit(sandbox::ThreadKind::Metrics);
+                    write_loop(out, interval.max(Duration::from_millis(1)), unique, shared)
+                }
             })
             .map_err(|e| MetricsError::Thread(api::io_reason(&e)))?;
         Ok(MetricsWriter {

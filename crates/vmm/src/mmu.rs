@@ -480,7 +480,10 @@ impl AgentListener {
             .name("mmu-agent".into())
             .spawn({
                 let mmu = mmu.clone();
-                move || serve_agent(listener, mmu)
+                move || {
+                    sandbox::enter_or_exit(sandbox::ThreadKind::MmuAgent);
+                    serve_agent(listener, mmu)
+                }
             })
             .map_err(|e| fail(api::io_reason(&e)))?;
         mmu.agent.store(true, Ordering::SeqCst);

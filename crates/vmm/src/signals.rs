@@ -39,6 +39,7 @@ pub fn spawn_signal_thread(events: EventSender) -> Result<(), Error> {
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
+            sandbox::enter_or_exit(sandbox::ThreadKind::Signals);
             let set = stop_signal_set();
             loop {
                 let mut signal: libc::c_int = 0;

@@ -225,6 +225,12 @@ impl Vcpu {
                 return;
             }
         }
+        // Pinned, so the filter need not allow sched_setaffinity.
+        if let Err(e) = sandbox::enter(sandbox::ThreadKind::Vcpu) {
+            self.events
+                .send(VmmEvent::Error(format!("vCPU {}: {e}", self.index)));
+            return;
+        }
         KVM_RUN_PTR.with(|p| p.set(self.fd.get_kvm_run() as *mut kvm_run));
         let control = self.control.clone();
         while control.park_while_paused(&mut self) {

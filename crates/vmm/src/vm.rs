@@ -27,7 +27,7 @@ use crate::counters::VmCounters;
 use crate::cpus::VcpuThreadIds;
 use crate::display::{default_inputs, layout_cmdline_word, DisplayMetrics, Framebuffer};
 use crate::dump::Inspector;
-use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent};
+use crate::event::{channel, outcome, EventSender, Outcome, VmmEvent, VMM_FAILURE_STATUS};
 use crate::iotrace::VmIoTrace;
 use crate::memory::backing::{self, Backing};
 use crate::memory::MemoryManager;
@@ -90,6 +90,8 @@ impl Vm {
 pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     // Everything that can be checked without KVM fails first.
     signals::block_stop_signals()?;
+    // The filters compile before any thread that enters one starts.
+    sandbox::init(config.seccomp, VMM_FAILURE_STATUS).map_err(|e| Error::Sandbox(e.to_string()))?;
     check_host_memory(config.memory_bytes)?;
     let display_config = parse_display(config)?;
     let passthrough = PassthroughPlan::check(config)?;
@@ -162,6 +164,10 @@ pub fn run(config: &VmConfig) -> Result<Outcome, Error> {
     )?);
     let metrics = start_metrics(metrics_sink, config, &vm)?;
     let _api_server = start_api(config, &vm)?;
+    // Every thread of the running VM has started (later ones start from
+    // threads with filters of their own): the main thread only waits,
+    // stops the vCPUs and tears down from here.
+    sandbox::enter(sandbox::ThreadKind::Main).map_err(|e| Error::Sandbox(e.to_string()))?;
 
     let event = ending
         .recv()

@@ -124,6 +124,7 @@ impl<L: WorkerLoop> Worker<L> {
                     .name(self.name.clone())
                     .spawn(move || {
                         placed(name, placement, || {
+                            sandbox::enter_or_exit(sandbox::ThreadKind::VirtioWorker);
                             body.run(&stop);
                             body
                         })

@@ -103,7 +103,10 @@ impl WpTracker {
                 .map_err(|e| DirtyError::Uffd("eventfd", e.to_string()))?;
             std::thread::Builder::new()
                 .name("display-wp".into())
-                .spawn(move || handle_faults(&uffd, &shared, &memory, &stop))
+                .spawn(move || {
+                    sandbox::enter_or_exit(sandbox::ThreadKind::DisplayWp);
+                    handle_faults(&uffd, &shared, &memory, &stop)
+                })
                 .map_err(|e| DirtyError::Uffd("thread", e.to_string()))?
         };
         Ok(WpTracker {

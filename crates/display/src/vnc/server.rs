@@ -209,7 +209,10 @@ pub fn spawn_acceptor(
 ) -> io::Result<JoinHandle<()>> {
     thread::Builder::new()
         .name(format!("vnc-accept-{}", kind.name()))
-        .spawn(move || accept_loop(&listener, kind, &shared))
+        .spawn(move || {
+            sandbox::enter_or_exit(sandbox::ThreadKind::VncAccept);
+            accept_loop(&listener, kind, &shared)
+        })
 }
 
 fn accept_loop(listener: &TcpListener, kind: Kind, shared: &Arc<Shared>) {
@@ -283,7 +286,10 @@ fn start_client(stream: TcpStream, peer: SocketAddr, kind: Kind, shared: &Arc<Sh
     let thread_client = client.clone();
     let spawned = thread::Builder::new()
         .name("vnc-client".to_string())
-        .spawn(move || serve_client(stream, kind, deadline, &thread_shared, &thread_client));
+        .spawn(move || {
+            sandbox::enter_or_exit(sandbox::ThreadKind::VncClient);
+            serve_client(stream, kind, deadline, &thread_shared, &thread_client)
+        });
     match spawned {
         Ok(handle) => {
             let mut threads = lock(&shared.threads);

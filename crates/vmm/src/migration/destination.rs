@@ -219,6 +219,7 @@ impl Incoming {
                     std::thread::Builder::new()
                         .name("postcopy-pages".into())
                         .spawn(move || {
+                            sandbox::enter_or_exit(sandbox::ThreadKind::PostcopyPages);
                             receive_pages(reader, listener, machine, &shared, &status, &pauser)
                         })
                         .map_err(|e| {

@@ -581,6 +581,7 @@ impl FaultThread {
         let thread = std::thread::Builder::new()
             .name("postcopy-faults".into())
             .spawn(move || {
+                sandbox::enter_or_exit(sandbox::ThreadKind::PostcopyFaults);
                 if let Err(e) = serve_faults(&shared, &stop_fd) {
                     say!("hakoniwa: postcopy fault handler: {e}");
                 }

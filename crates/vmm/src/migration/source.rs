@@ -161,7 +161,10 @@ impl MigrationSource {
         };
         std::thread::Builder::new()
             .name("migrate-out".into())
-            .spawn(move || job.run())
+            .spawn(move || {
+                sandbox::enter_or_exit(sandbox::ThreadKind::MigrateOut);
+                job.run()
+            })
             .map_err(|e| {
                 MigrationError::Invalid(format!("cannot start the migration thread: {e}"))
             })?;
@@ -684,6 +687,7 @@ impl SourceJob {
         let reader_thread = std::thread::Builder::new()
             .name("migrate-requests".into())
             .spawn(move || {
+                sandbox::enter_or_exit(sandbox::ThreadKind::MigrateRequests);
                 let mut reader = reader;
                 reader.set_read_timeout(None).ok();
                 loop {

@@ -63,7 +63,12 @@ impl ThreadsEngine {
             let (name, placement) = (format!("{name}{i}"), placement.clone());
             let thread = std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || placed(name, placement, || worker.run()))?;
+                .spawn(move || {
+                    placed(name, placement, || {
+                        sandbox::enter_or_exit(sandbox::ThreadKind::BlockIo);
+                        worker.run()
+                    })
+                })?;
             engine.threads.push(thread);
         }
         Ok(engine)
