@@ -6,8 +6,6 @@
 //! byte reversed: the original implementation fed DES its key LSB-first,
 //! and every client since does the same.
 
-use std::io::Read;
-
 use des::cipher::generic_array::GenericArray;
 use des::cipher::{BlockEncrypt, KeyInit};
 use des::Des;
@@ -47,10 +45,25 @@ pub fn verify(password: &str, challenge: &[u8; CHALLENGE_LEN], answer: &[u8]) ->
 }
 
 /// A fresh challenge from the kernel's random pool: a predictable one
-/// would let a recorded response be replayed.
+/// would let a recorded response be replayed. getrandom(2), not
+/// /dev/urandom: a client's thread may not open files (docs/security.md).
 pub fn new_challenge() -> std::io::Result<[u8; CHALLENGE_LEN]> {
     let mut c = [0u8; CHALLENGE_LEN];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut c)?;
+    let mut filled = 0;
+    while filled < c.len() {
+        let rest = &mut c[filled..];
+        // SAFETY: `rest` is a valid, writable buffer of `rest.len()` bytes
+        // that getrandom writes at most `rest.len()` bytes into.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(err);
+        }
+        filled += n as usize;
+    }
     Ok(c)
 }
 
