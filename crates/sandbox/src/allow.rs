@@ -269,6 +269,13 @@ pub fn file_names() -> Result<AllowList, RuleError> {
         .call_with_arg(libc::SYS_prlimit64, 2, &[0])
 }
 
+/// Opening files only to read them (no write access, no O_CREAT or
+/// O_TRUNC): a thread's name in `/proc/self/task/TID/comm`.
+pub fn read_only_opens() -> Result<AllowList, RuleError> {
+    let mask = (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) as u64;
+    AllowList::default().call_with_masked_arg(libc::SYS_openat, 2, mask, libc::O_RDONLY as u64)
+}
+
 /// `ioctl`s of one driver: the request's type byte (`_IOC_TYPE`).
 pub fn ioctl_type(kind: u8) -> Result<AllowList, RuleError> {
     AllowList::default().call_with_masked_arg(libc::SYS_ioctl, 1, 0xff00, u64::from(kind) << 8)

@@ -204,8 +204,10 @@ impl ThreadKind {
                 .union(&allow::ioctl_type(KVMIO)?)
                 .union(&allow::ioctl_type(VFIO_TYPE)?),
             ThreadKind::MigrateRequests => list.union(&allow::sockets(&[AF_INET, AF_INET6])?),
+            // Which thread faulted is read from /proc/self/task/TID/comm.
             ThreadKind::PostcopyPages | ThreadKind::PostcopyFaults => list
                 .union(&allow::sockets(&[AF_INET, AF_INET6])?)
+                .union(&allow::read_only_opens()?)
                 .union(&allow::ioctl_type(UFFDIO)?)
                 .union(&allow::ioctl_type(KVMIO)?),
             // Writes its file or FIFO; KVM's statistics are KVM ioctls

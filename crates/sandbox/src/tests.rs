@@ -185,6 +185,36 @@ fn no_thread_may_map_executable_memory() {
 }
 
 #[test]
+fn a_postcopy_fault_thread_may_open_to_read_only() {
+    fn open_comm_to_read() {
+        let path = c"/proc/self/comm";
+        // SAFETY: a NUL-terminated path; the fd is closed at once.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(5) };
+        }
+        // SAFETY: closes the fd just opened.
+        unsafe { libc::close(fd) };
+    }
+    let (status, stderr) = in_sandboxed_child(
+        ThreadKind::PostcopyFaults,
+        SeccompMode::On,
+        open_comm_to_read,
+    );
+    assert_eq!((status, stderr.as_str()), (0, ""));
+    fn open_to_write() {
+        let path = c"/proc/self/comm";
+        // SAFETY: a NUL-terminated path; the call is stopped.
+        unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    }
+    let (status, stderr) =
+        in_sandboxed_child(ThreadKind::PostcopyFaults, SeccompMode::On, open_to_write);
+    assert_eq!(status, STOPPED, "stderr: {stderr}");
+    assert!(stderr.contains("system call openat (257"), "{stderr}");
+}
+
+#[test]
 fn a_thread_started_under_a_filter_keeps_it() {
     // A thread the filtered child starts makes the forbidden call: the
     // parent's filter, inherited, stops it.
