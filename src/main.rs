@@ -129,8 +129,9 @@ struct RunArgs {
     dump_dir: Option<PathBuf>,
     /// Seccomp filters on every thread (docs/security.md): on (a forbidden
     /// system call stops the VMM with one line), log (the kernel logs it
-    /// and it goes ahead) or off.
-    #[arg(long, value_name = "on|log|off", default_value = "on",
+    /// and it goes ahead) or off (the default until every guest test has
+    /// passed under on: docs/security.md's known gaps).
+    #[arg(long, value_name = "on|log|off", default_value = "off",
           value_parser = parse_choice::<choices::SeccompMode>)]
     seccomp: choices::SeccompMode,
 }

@@ -203,9 +203,11 @@ fn seccomp_filters_every_thread_unless_off() {
             vmm.stderr()
         );
     };
-    check(&[], "2");
+    check(&["--seccomp", "on"], "2");
     check(&["--seccomp", "log"], "2");
-    check(&["--seccomp", "off"], "0");
+    // Off by default until every guest test passes under on
+    // (docs/security.md, known gaps).
+    check(&[], "0");
 }
 
 #[test]
