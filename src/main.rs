@@ -119,8 +119,10 @@ struct RunArgs {
     /// Wait for a live migration from another hakoniwa on this address and
     /// continue the VM it sends (`ctl migrate` there); give the same
     /// --cpus, --memory and devices (docs/migration.md).
-    #[arg(long, value_name = "tcp:ADDR:PORT", value_parser = parse_tcp)]
-    incoming: Option<String>,
+    /// Say how the source is authenticated: `,tls=DIR` (certificates) or
+    /// `,auth=none`.
+    #[arg(long, value_name = "tcp:ADDR:PORT,tls=DIR|auth=none", value_parser = parse_migration_address)]
+    incoming: Option<vmm::migration::MigrationAddress>,
     /// Write a failure report (JSON: vCPU registers, where RIP and the
     /// stack are, the pages involved and, after a migration, where they
     /// came from) into this directory when a vCPU triple-faults or KVM
@@ -183,9 +185,10 @@ enum CtlCommandArg {
     /// Migrate the VM to a hakoniwa waiting with `run --incoming` and
     /// follow its progress until it is done (docs/migration.md).
     Migrate {
-        /// The destination's --incoming address.
-        #[arg(long, value_name = "tcp:HOST:PORT", value_parser = parse_tcp_keep)]
-        to: String,
+        /// The destination's --incoming address and how to authenticate:
+        /// `,tls=DIR[,tls-name=NAME]` (certificates) or `,auth=none`.
+        #[arg(long, value_name = "tcp:HOST:PORT,tls=DIR|auth=none", value_parser = parse_migration_address)]
+        to: vmm::migration::MigrationAddress,
         /// precopy, postcopy or hybrid.
         #[arg(long, value_name = "MODE", value_parser = parse_choice::<api::MigrationMode>, required_unless_present = "resume")]
         mode: Option<api::MigrationMode>,
@@ -646,8 +649,11 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
             resume,
             verify_pages,
         } => {
+            // The VMM reads the tls= directory from its own working
+            // directory: hand it an absolute one.
+            let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
             let request = api::MigrateRequest {
-                to,
+                to: to.with_dir_under(&here).to_string(),
                 // A resume goes on in the paused migration's mode.
                 mode: mode.unwrap_or(api::MigrationMode::Postcopy),
                 prefetch,
@@ -685,12 +691,7 @@ fn absolute_utf8(flag: &str, path: &Path) -> Result<String, String> {
         .ok_or_else(|| format!("{flag} {} is not UTF-8", absolute.display()))
 }
 
-/// `tcp:HOST:PORT` → `HOST:PORT` (for --incoming).
-fn parse_tcp(text: &str) -> Result<String, String> {
-    vmm::migration::parse_tcp_address(text)
-}
-
-/// `tcp:HOST:PORT`, checked and kept whole (the API takes it so).
-fn parse_tcp_keep(text: &str) -> Result<String, String> {
-    vmm::migration::parse_tcp_address(text).map(|_| text.to_string())
+/// `tcp:HOST:PORT,tls=DIR|auth=none` (--incoming, ctl migrate --to).
+fn parse_migration_address(text: &str) -> Result<vmm::migration::MigrationAddress, String> {
+    text.parse()
 }

@@ -283,7 +283,7 @@ fn incoming_addresses_and_busy_ports_are_one_line_errors() {
     let kernel = kernel.to_str().unwrap();
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = busy.local_addr().unwrap().port();
-    let address = format!("tcp:127.0.0.1:{port}");
+    let address = format!("tcp:127.0.0.1:{port},auth=none");
     let (code, _) = expect_error(
         &[
             "run",
@@ -317,7 +317,7 @@ fn incoming_addresses_and_busy_ports_are_one_line_errors() {
             "--kernel",
             kernel,
             "--incoming",
-            "tcp:127.0.0.1:4444",
+            "tcp:127.0.0.1:4444,auth=none",
             "--restore",
             "x",
         ],
@@ -330,12 +330,63 @@ fn incoming_addresses_and_busy_ports_are_one_line_errors() {
             "/nonexistent.sock",
             "migrate",
             "--to",
-            "tcp:h:1",
+            "tcp:h:1,auth=none",
             "--mode",
             "teleport",
         ],
         "not precopy, postcopy or hybrid",
     );
+}
+
+#[test]
+fn a_migration_address_must_say_how_it_is_authenticated() {
+    let kernel = fake_bzimage();
+    let kernel = kernel.to_str().unwrap();
+    // Neither tls= nor auth=none: both sides refuse, saying how to fix it.
+    let (code, err) = expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel,
+            "--incoming",
+            "tcp:127.0.0.1:4444",
+        ],
+        ",tls=DIR",
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains(",auth=none"), "{err}");
+    expect_error(
+        &[
+            "ctl",
+            "--api-socket",
+            "/nonexistent.sock",
+            "migrate",
+            "--to",
+            "tcp:h:1",
+            "--mode",
+            "precopy",
+        ],
+        ",auth=none",
+    );
+    // Credentials that are not there: one line naming the file, before
+    // any VM is built.
+    let empty = std::env::temp_dir().join(format!("hk-cli-no-creds-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let address = format!("tcp:127.0.0.1:0,tls={}", empty.display());
+    let (code, err) = expect_error(
+        &[
+            "run",
+            "--kernel",
+            kernel,
+            "--memory",
+            "256M",
+            "--incoming",
+            &address,
+        ],
+        "ca-cert.pem",
+    );
+    assert_eq!(code, 125);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
 
 #[test]
@@ -385,7 +436,7 @@ fn memory_backing_mistakes_are_one_line_errors() {
                 "--memory",
                 memory,
                 "--incoming",
-                "tcp:127.0.0.1:0",
+                "tcp:127.0.0.1:0,auth=none",
             ],
             needle,
         );

@@ -15,7 +15,10 @@ use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::migration::{destination, free_port, migrate, report};
+use common::migration::{
+    credentials, destination, destination_with, free_port, migrate, migrate_with, report, tls,
+    AUTH_NONE,
+};
 use common::net::{md5_hex, HostLinks};
 use common::{ctl, require_hardware_kvm, temp_socket, Vmm, GUEST_TIMEOUT, PROMPT};
 
@@ -285,12 +288,21 @@ fn a_mismatched_or_corrupt_migration_is_refused_and_the_source_keeps_running() {
     a.wait_for(PROMPT);
     let before = counter_started(&mut a);
 
-    // A destination with other memory refuses before anything runs.
+    // A destination with other memory refuses before anything runs. It
+    // has no authentication (auth=none): the source learns what differs,
+    // not the destination's values.
     let port = free_port();
-    let mut b = destination(port, &s2, &["--cpus", "2", "--memory", "256M"]);
-    let (ok, out) = migrate(&s1, port, "precopy", &[]);
+    let mut b = destination_with(port, AUTH_NONE, &s2, &["--cpus", "2", "--memory", "256M"]);
+    let (ok, out) = migrate_with(&s1, port, AUTH_NONE, "precopy", &[]);
     assert!(!ok, "{out}");
-    assert!(out.contains("refused") && out.contains("memory"), "{out}");
+    assert!(
+        out.contains("refused") && out.contains("memory size differs"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("256"),
+        "the refusal describes the destination: {out}"
+    );
     let status = b.wait_exit(Duration::from_secs(60));
     assert_eq!(status.code(), Some(125), "{}", b.stderr());
     let lines: Vec<_> = b
@@ -307,17 +319,6 @@ fn a_mismatched_or_corrupt_migration_is_refused_and_the_source_keeps_running() {
     assert_eq!(r["phase"], "failed", "{r}");
     assert!(r["error"].as_str().unwrap().contains("refused"), "{r}");
 
-    // Garbage on the wire: the destination ends with one line, no panic.
-    let port = free_port();
-    let mut c = destination(port, &s3, FLAGS);
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
-    let status = c.wait_exit(Duration::from_secs(60));
-    assert_eq!(status.code(), Some(125), "{}", c.stderr());
-    let err = c.stderr();
-    assert!(err.contains("corrupt migration stream"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-
     // A destination that takes every page and the state, then refuses
     // before running the guest (as --verify-pages does on a wrong page):
     // the guest goes on at the source.
@@ -325,7 +326,7 @@ fn a_mismatched_or_corrupt_migration_is_refused_and_the_source_keeps_running() {
     let port = listener.local_addr().unwrap().port();
     let fake = std::thread::spawn(move || refuse_after_the_state(listener));
     let before = counter(&mut a);
-    let (ok, out) = migrate(&s1, port, "precopy", &["--verify-pages"]);
+    let (ok, out) = migrate_with(&s1, port, AUTH_NONE, "precopy", &["--verify-pages"]);
     assert!(!ok, "{out}");
     assert!(
         out.contains("refused") && out.contains("after the state"),
@@ -354,8 +355,45 @@ fn a_mismatched_or_corrupt_migration_is_refused_and_the_source_keeps_running() {
     let now = counter(&mut a);
     std::thread::sleep(Duration::from_millis(500));
     assert!(counter(&mut a) > now);
-    a.send("poweroff\n");
+
+    // A TLS destination drops, with one line each, and goes on waiting
+    // for: a bare connect and close (`nc -z`), garbage, a plain-TCP
+    // source (auth=none), and a source whose certificate is from another
+    // CA (which is told so by the TLS alert). The real source then
+    // migrates to it.
+    let port = free_port();
+    let mut c = destination(port, &s3, FLAGS);
+    drop(TcpStream::connect(("127.0.0.1", port)).unwrap());
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    drop(stream);
+    let (ok, out) = migrate_with(&s1, port, AUTH_NONE, "precopy", &[]);
+    assert!(!ok, "{out}");
+    // The stranger trusts our CA; its own certificate is from another.
+    let stranger = credentials("stranger");
+    let ours = tls();
+    let ours = std::path::Path::new(ours.trim_start_matches(",tls="));
+    std::fs::copy(ours.join("ca-cert.pem"), stranger.join("ca-cert.pem")).unwrap();
+    let stranger = format!(",tls={}", stranger.display());
+    let (ok, out) = migrate_with(&s1, port, &stranger, "precopy", &[]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("alert"), "{out}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.stderr().matches("dropped a connection").count() < 4 {
+        assert!(Instant::now() < deadline, "{}", c.stderr());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let err = c.stderr();
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("invalid peer certificate"), "{err}");
+    assert!(counter(&mut a) > now, "the source stopped");
+    let before = counter(&mut a);
+    let (ok, out) = migrate(&s1, port, "precopy", &[]);
+    assert!(ok, "{out}\n{}", c.stderr());
     assert_eq!(a.wait_exit(Duration::from_secs(60)).code(), Some(0));
+    assert!(counter(&mut c) > before, "the guest does not run on");
+    c.send("poweroff\n");
+    assert_eq!(c.wait_exit(Duration::from_secs(60)).code(), Some(0));
 }
 
 /// A destination speaking the protocol that welcomes the VM, reads every
@@ -511,7 +549,7 @@ fn a_postcopy_whose_connection_drops_is_resumed_over_a_new_one() {
         b.stderr()
     );
     // Resume straight to the destination; it finishes.
-    let to = format!("tcp:127.0.0.1:{port}");
+    let to = format!("tcp:127.0.0.1:{port}{}", tls());
     let (ok, out) = ctl(&s1, &["migrate", "--resume", "--to", &to]);
     assert!(ok, "resume: {out}\n{}", a.stderr());
     assert_eq!(a.wait_exit(Duration::from_secs(180)).code(), Some(0));

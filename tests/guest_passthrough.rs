@@ -126,7 +126,13 @@ fn nvme_passed_through_is_read_and_written_by_the_guest_driver() {
     assert_one_line_refusal(
         "as a migration destination",
         refused(
-            &["run", "--device", &device, "--incoming", "tcp:127.0.0.1:1"],
+            &[
+                "run",
+                "--device",
+                &device,
+                "--incoming",
+                "tcp:127.0.0.1:1,auth=none",
+            ],
             &[],
         ),
         "cannot be used with --incoming",
@@ -201,7 +207,13 @@ fn nvme_passed_through_is_read_and_written_by_the_guest_driver() {
     assert!(!ok && out.contains("passthrough device nvme0"), "{out}");
     let (ok, out) = ctl(
         &socket,
-        &["migrate", "--to", "tcp:127.0.0.1:1", "--mode", "precopy"],
+        &[
+            "migrate",
+            "--to",
+            "tcp:127.0.0.1:1,auth=none",
+            "--mode",
+            "precopy",
+        ],
     );
     assert!(!ok && out.contains("passthrough device nvme0"), "{out}");
 

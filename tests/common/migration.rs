@@ -1,7 +1,11 @@
 //! Migrations as guest tests drive them: a destination waiting on a
-//! free loopback port, `ctl migrate` bounded in time, the report.
+//! free loopback port, `ctl migrate` bounded in time, the report. Both
+//! sides authenticate with TLS certificates made for the test run
+//! (`tls()`), unless a test asks for `AUTH_NONE`.
 
 use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::{ctl, hakoniwa, Vmm, GUEST_TIMEOUT};
@@ -15,9 +19,63 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A destination waiting on `port` with `flags`; returns it once it listens.
+/// The address suffix of a migration without authentication.
+pub const AUTH_NONE: &str = ",auth=none";
+
+/// The address suffix of a migration over TLS with this run's
+/// certificates (one CA; the destination's certificate names 127.0.0.1).
+pub fn tls() -> String {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| credentials("tls"));
+    format!(",tls={}", dir.display())
+}
+
+/// A new directory with a CA of its own and the destination's and the
+/// source's certificates and keys signed by it, under the names
+/// `tls=DIR` expects (docs/migration.md).
+pub fn credentials(name: &str) -> PathBuf {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair, KeyUsagePurpose,
+    };
+    let dir = std::env::temp_dir().join(format!("hk-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    ca.distinguished_name
+        .push(DnType::CommonName, format!("hakoniwa test CA {name}"));
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    std::fs::write(dir.join("ca-cert.pem"), ca.pem()).unwrap();
+    for (role, purpose) in [
+        ("server", ExtendedKeyUsagePurpose::ServerAuth),
+        ("client", ExtendedKeyUsagePurpose::ClientAuth),
+    ] {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        params.extended_key_usages = vec![purpose];
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("hakoniwa test {role}"));
+        let cert = params.signed_by(&key, &ca).unwrap();
+        std::fs::write(dir.join(format!("{role}-cert.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{role}-key.pem")), key.serialize_pem()).unwrap();
+    }
+    dir
+}
+
+/// A destination waiting on `port` with `flags`, over TLS; returns it
+/// once it listens.
 pub fn destination(port: u16, socket: &str, flags: &[&str]) -> Vmm {
-    let address = format!("tcp:127.0.0.1:{port}");
+    destination_with(port, &tls(), socket, flags)
+}
+
+/// A destination whose address ends in `auth` (`tls()`, `AUTH_NONE`).
+pub fn destination_with(port: u16, auth: &str, socket: &str, flags: &[&str]) -> Vmm {
+    let address = format!("tcp:127.0.0.1:{port}{auth}");
     let mut args = vec!["run", "--incoming", &address, "--api-socket", socket];
     args.extend_from_slice(flags);
     let vmm = Vmm::spawn(&args);
@@ -36,10 +94,21 @@ pub fn destination(port: u16, socket: &str, flags: &[&str]) -> Vmm {
 /// How long one `ctl migrate` may take in the rig.
 pub const MIGRATE_TIMEOUT_S: &str = "300";
 
-/// `ctl migrate` to `port`: (success, stdout + stderr). A migration that
-/// hangs fails the test instead of hanging it.
+/// `ctl migrate` to `port` over TLS: (success, stdout + stderr). A
+/// migration that hangs fails the test instead of hanging it.
 pub fn migrate(socket: &str, port: u16, mode: &str, extra: &[&str]) -> (bool, String) {
-    let to = format!("tcp:127.0.0.1:{port}");
+    migrate_with(socket, port, &tls(), mode, extra)
+}
+
+/// `ctl migrate` to `port` with `auth` (`tls()`, `AUTH_NONE`).
+pub fn migrate_with(
+    socket: &str,
+    port: u16,
+    auth: &str,
+    mode: &str,
+    extra: &[&str],
+) -> (bool, String) {
+    let to = format!("tcp:127.0.0.1:{port}{auth}");
     let out = std::process::Command::new("timeout")
         .args([MIGRATE_TIMEOUT_S, hakoniwa(), "ctl", "--api-socket", socket])
         .args(["migrate", "--to", &to, "--mode", mode])

@@ -48,9 +48,9 @@ pub struct VmConfig {
     /// `--restore FILE`: continue the VM saved in FILE instead of booting
     /// (docs/snapshot.md).
     pub restore: Option<PathBuf>,
-    /// `--incoming tcp:ADDR:PORT` (as `ADDR:PORT`): take the VM a migration
-    /// sends instead of booting (docs/migration.md).
-    pub incoming: Option<String>,
+    /// `--incoming tcp:ADDR:PORT,tls=DIR|auth=none`: take the VM a
+    /// migration sends instead of booting (docs/migration.md).
+    pub incoming: Option<crate::migration::MigrationAddress>,
     /// `--seccomp`: what each thread's seccomp filter does with a call
     /// outside its allow-list (docs/security.md).
     pub seccomp: choices::SeccompMode,

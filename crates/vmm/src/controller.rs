@@ -157,7 +157,9 @@ impl VmControl {
             .disks
             .refuse_if_held("a migration")
             .map_err(ApiError::conflict)?;
-        let to = crate::migration::parse_tcp_address(&request.to)
+        let to: crate::migration::MigrationAddress = request
+            .to
+            .parse()
             .map_err(|e| ApiError::bad_request(format!("to: {e}")))?;
         let request = MigrationRequest {
             to,

@@ -16,7 +16,7 @@ use crate::disks::Disks;
 use crate::display::{boot_framebuffer, Framebuffer};
 use crate::memory::MemoryManager;
 use crate::migration::destination::Received;
-use crate::migration::{Incoming, IncomingAddress};
+use crate::migration::Incoming;
 use crate::platform::Platform;
 use crate::snapshot::file::SnapshotReader;
 use crate::snapshot::restore as snapshot_restore;
@@ -81,9 +81,7 @@ impl Start {
             )?)));
         }
         if let Some(address) = &config.incoming {
-            return Ok(Start::Incoming(Incoming::bind(&IncomingAddress(
-                address.clone(),
-            ))?));
+            return Ok(Start::Incoming(Incoming::bind(address)?));
         }
         check_boot_files(
             &config.kernel,

@@ -3,13 +3,21 @@
 //! precopy pages into RAM, and either the whole state (precopy) or the
 //! switch to postcopy: drop the pages the source says changed, register
 //! RAM with userfaultfd and fetch what is missing as the guest touches it.
+//!
+//! Until a connection has passed the TLS handshake (`tls=`) and sent a
+//! well-formed hello, it is nobody: it is dropped with one line on stderr
+//! and the destination goes on listening. Only then may a refusal tell
+//! the peer how its VM differs from this one; an unauthenticated peer
+//! (`auth=none`) learns what differs, never our values.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::address::MigrationAddress;
 use super::history::{PageHistory, WrongPage};
+use super::link::{Auth, Link, Stream};
 use super::pages::{is_zero_page, PageBitmap, RamLayout};
 use super::postcopy::{guest_async_pf, FaultThread, PostcopyShared};
 use super::protocol::{
@@ -24,32 +32,37 @@ use crate::snapshot::HAKONIWA_VERSION;
 
 /// How long the source may stay silent before the state has arrived.
 const PRECOPY_READ_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a new connection may take to send its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `--incoming`: the listening socket, bound before any KVM work so a bad
-/// address or a port in use fails at once.
+/// address or a port in use fails at once, and the credentials, loaded
+/// as early for the same reason.
 pub struct Incoming {
     listener: TcpListener,
     address: String,
+    auth: Auth,
 }
 
-/// `tcp:ADDR:PORT`, checked.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IncomingAddress(pub String);
-
 impl Incoming {
-    pub fn bind(address: &IncomingAddress) -> Result<Incoming, MigrationError> {
-        let listener = TcpListener::bind(&address.0).map_err(|e| {
+    pub fn bind(address: &MigrationAddress) -> Result<Incoming, MigrationError> {
+        let auth = Auth::destination(&address.auth)
+            .map_err(|e| MigrationError::Invalid(format!("--incoming {address}: {e}")))?;
+        let listener = TcpListener::bind(address.host_port()).map_err(|e| {
             MigrationError::Invalid(format!(
-                "--incoming tcp:{}: cannot listen: {}",
-                address.0,
+                "--incoming {address}: cannot listen: {}",
                 api::io_reason(&e)
             ))
         })?;
         let address = listener
             .local_addr()
             .map(|a| a.to_string())
-            .unwrap_or_else(|_| address.0.clone());
-        Ok(Incoming { listener, address })
+            .unwrap_or_else(|_| address.host_port());
+        Ok(Incoming {
+            listener,
+            address,
+            auth,
+        })
     }
 
     /// Where it listens (with the port the kernel picked for port 0).
@@ -69,22 +82,27 @@ impl Incoming {
         machine: &MachineState,
         take_disks: &dyn Fn() -> Result<(), String>,
     ) -> Result<Received, MigrationError> {
-        say!("hakoniwa: waiting for a migration on tcp:{}", self.address);
-        let (stream, peer) = self
-            .listener
-            .accept()
-            .map_err(|e| MigrationError::Invalid(format!("accept: {}", api::io_reason(&e))))?;
-        stream.set_nodelay(true).ok();
-        stream.set_read_timeout(Some(PRECOPY_READ_TIMEOUT)).ok();
-        let mut reader = stream
-            .try_clone()
-            .map_err(|e| MigrationError::Invalid(e.to_string()))?;
-        let mut writer = stream;
+        say!(
+            "hakoniwa: waiting for a migration on tcp:{} ({})",
+            self.address,
+            if self.auth.authenticates() {
+                "TLS, peers authenticated"
+            } else {
+                "auth=none: anyone who reaches it"
+            }
+        );
+        let (link, hello, peer) = next_source(&self.listener, &self.auth)?;
+        link.stream
+            .set_read_timeout(Some(PRECOPY_READ_TIMEOUT))
+            .ok();
+        let source_identity = link.peer_identity.clone();
+        let mut reader = clone_stream(&link.stream)?;
+        let mut writer = link.stream;
 
-        let hello = read_hello(&mut reader)?;
-        if let Err(why) = check_machine(&hello, machine) {
-            let _ = write_message(&mut writer, &Message::Refused(why.clone()));
-            return Err(MigrationError::RefusedIncoming(why));
+        if let Err(mismatch) = check_machine(&hello, machine) {
+            let told = mismatch.for_peer(self.auth.authenticates());
+            let _ = write_message(&mut writer, &Message::Refused(told));
+            return Err(MigrationError::RefusedIncoming(mismatch.detail));
         }
         write_message(&mut writer, &Message::Welcome(b"{}".to_vec()))?;
 
@@ -215,12 +233,17 @@ impl Incoming {
                 let pauser: Arc<Mutex<Option<Arc<dyn VmPauser>>>> = Arc::new(Mutex::new(None));
                 let pages = {
                     let (shared, status, pauser) = (shared.clone(), status.clone(), pauser.clone());
-                    let (listener, machine) = (self.listener, machine.clone());
+                    let wait = ResumeWait {
+                        listener: self.listener,
+                        auth: self.auth,
+                        source_identity,
+                        machine: machine.clone(),
+                    };
                     std::thread::Builder::new()
                         .name("postcopy-pages".into())
                         .spawn(move || {
                             sandbox::enter_or_exit(sandbox::ThreadKind::PostcopyPages);
-                            receive_pages(reader, listener, machine, &shared, &status, &pauser)
+                            receive_pages(reader, wait, &shared, &status, &pauser)
                         })
                         .map_err(|e| {
                             MigrationError::Invalid(format!("cannot start a thread: {e}"))
@@ -245,14 +268,53 @@ impl Incoming {
     }
 }
 
-fn clone_stream(stream: &TcpStream) -> Result<TcpStream, MigrationError> {
+fn clone_stream(stream: &Stream) -> Result<Stream, MigrationError> {
     stream
         .try_clone()
         .map_err(|e| MigrationError::Invalid(format!("cannot clone the connection: {e}")))
 }
 
-/// Reads and checks the source's hello.
-fn read_hello(reader: &mut impl std::io::Read) -> Result<Hello, MigrationError> {
+/// Accepts the next connection and authenticates it (`tls=`); one that
+/// fails is dropped with one line, and the wait goes on. Only a failure
+/// of the listening socket itself is an error.
+fn accept_link(listener: &TcpListener, auth: &Auth) -> Result<(Link, SocketAddr), MigrationError> {
+    loop {
+        let (tcp, peer) = listener
+            .accept()
+            .map_err(|e| MigrationError::Invalid(format!("accept: {}", api::io_reason(&e))))?;
+        match auth.open(tcp) {
+            Ok(link) => return Ok((link, peer)),
+            Err(e) => say!("hakoniwa: migration in: dropped a connection from {peer}: {e}"),
+        }
+    }
+}
+
+/// The next connection that is an authenticated (`tls=`) source and sends
+/// a well-formed hello; any other is dropped with one line, and the wait
+/// goes on.
+fn next_source(
+    listener: &TcpListener,
+    auth: &Auth,
+) -> Result<(Link, Hello, SocketAddr), MigrationError> {
+    loop {
+        let (link, peer) = accept_link(listener, auth)?;
+        match read_hello(&mut &link.stream) {
+            Ok(hello) => return Ok((link, hello, peer)),
+            Err(e) => say!(
+                "hakoniwa: migration in: dropped a connection from {peer}: not a migration source: {e}"
+            ),
+        }
+    }
+}
+
+/// Reads and checks the source's hello, waiting at most HELLO_TIMEOUT.
+fn read_hello(reader: &mut &Stream) -> Result<Hello, MigrationError> {
+    reader.set_read_timeout(Some(HELLO_TIMEOUT)).ok();
+    parse_hello(reader)
+}
+
+/// Reads and checks a hello from any byte source (the fuzz target's too).
+fn parse_hello(reader: &mut impl std::io::Read) -> Result<Hello, MigrationError> {
     let message = read_message(reader)?.0;
     let Message::Hello(json) = message else {
         return Err(MigrationError::Unexpected {
@@ -264,43 +326,89 @@ fn read_hello(reader: &mut impl std::io::Read) -> Result<Hello, MigrationError> 
         .map_err(|e| MigrationError::Stream(StreamError::Corrupt(format!("hello: {e}"))))
 }
 
+/// Why the source's VM does not fit this one: `what` differs, in words
+/// that describe neither side; `detail`, with both sides' values, for our
+/// own log and for an authenticated source.
+#[derive(Debug)]
+struct Mismatch {
+    what: &'static str,
+    detail: String,
+}
+
+impl Mismatch {
+    /// The refusal sent to the peer: the detail only once it has proved
+    /// who it is.
+    fn for_peer(&self, authenticated: bool) -> String {
+        if authenticated {
+            self.detail.clone()
+        } else {
+            format!(
+                "the {} differs from the destination's (its log says how)",
+                self.what
+            )
+        }
+    }
+}
+
 /// Whether this VM can take the source's: the same protocol, build and
 /// machine (memory, vCPUs, RAM layout, devices).
-fn check_machine(hello: &Hello, ours: &MachineState) -> Result<(), String> {
+fn check_machine(hello: &Hello, ours: &MachineState) -> Result<(), Mismatch> {
+    check_machine_detail(hello, ours).map_err(|(what, detail)| Mismatch { what, detail })
+}
+
+fn check_machine_detail(hello: &Hello, ours: &MachineState) -> Result<(), (&'static str, String)> {
     if hello.protocol != PROTOCOL_VERSION {
-        return Err(format!(
-            "the source speaks migration protocol {}, this hakoniwa {}",
-            hello.protocol, PROTOCOL_VERSION
+        return Err((
+            "migration protocol",
+            format!(
+                "the source speaks migration protocol {}, this hakoniwa {}",
+                hello.protocol, PROTOCOL_VERSION
+            ),
         ));
     }
     if hello.hakoniwa != HAKONIWA_VERSION {
-        return Err(format!(
-            "the source is hakoniwa {}, this is hakoniwa {}",
-            hello.hakoniwa, HAKONIWA_VERSION
+        return Err((
+            "hakoniwa version",
+            format!(
+                "the source is hakoniwa {}, this is hakoniwa {}",
+                hello.hakoniwa, HAKONIWA_VERSION
+            ),
         ));
     }
     let theirs = &hello.machine;
     if theirs.memory_bytes != ours.memory_bytes {
-        return Err(format!(
-            "the VM has {} of memory, --memory here is {}",
-            crate::config::format_size(theirs.memory_bytes),
-            crate::config::format_size(ours.memory_bytes)
+        return Err((
+            "memory size",
+            format!(
+                "the VM has {} of memory, --memory here is {}",
+                crate::config::format_size(theirs.memory_bytes),
+                crate::config::format_size(ours.memory_bytes)
+            ),
         ));
     }
     if theirs.vcpus != ours.vcpus {
-        return Err(format!(
-            "the VM has {} vCPUs, --cpus here is {}",
-            theirs.vcpus, ours.vcpus
+        return Err((
+            "number of vCPUs",
+            format!(
+                "the VM has {} vCPUs, --cpus here is {}",
+                theirs.vcpus, ours.vcpus
+            ),
         ));
     }
     if theirs.ram_regions != ours.ram_regions {
-        return Err("the VM's RAM layout differs from this one's".into());
+        return Err((
+            "RAM layout",
+            "the VM's RAM layout differs from this one's".into(),
+        ));
     }
     if theirs.display != ours.display {
-        return Err(format!(
-            "the VM has {}, this one has {}",
-            crate::snapshot::restore::display_words(&theirs.display),
-            crate::snapshot::restore::display_words(&ours.display)
+        return Err((
+            "display",
+            format!(
+                "the VM has {}, this one has {}",
+                crate::snapshot::restore::display_words(&theirs.display),
+                crate::snapshot::restore::display_words(&ours.display)
+            ),
         ));
     }
     if theirs.devices != ours.devices {
@@ -310,10 +418,13 @@ fn check_machine(hello: &Hello, ours: &MachineState) -> Result<(), String> {
                 .collect::<Vec<_>>()
                 .join(",")
         };
-        return Err(format!(
-            "the VM has devices {}, this one has {}",
-            names(&theirs.devices),
-            names(&ours.devices)
+        return Err((
+            "device list",
+            format!(
+                "the VM has devices {}, this one has {}",
+                names(&theirs.devices),
+                names(&ours.devices)
+            ),
         ));
     }
     Ok(())
@@ -492,7 +603,7 @@ pub struct Received {
     status: Arc<SharedStatus>,
     /// How each page arrived (and the source's checksums): for reports.
     history: Arc<PageHistory>,
-    writer: TcpStream,
+    writer: Stream,
     postcopy: Option<PostcopyRun>,
 }
 
@@ -547,9 +658,8 @@ const RUN_FRACTION_REFRESH: Duration = Duration::from_millis(200);
 /// plain memory. A broken or corrupt stream pauses the guest: its missing
 /// pages exist nowhere else.
 fn receive_pages(
-    mut reader: TcpStream,
-    listener: TcpListener,
-    machine: MachineState,
+    mut reader: Stream,
+    wait: ResumeWait,
     shared: &PostcopyShared,
     status: &SharedStatus,
     pauser: &Mutex<Option<Arc<dyn VmPauser>>>,
@@ -595,7 +705,8 @@ fn receive_pages(
                 shared.disconnected();
                 pause();
                 status.update(|s| s.phase = Phase::Paused);
-                let address = listener
+                let address = wait
+                    .listener
                     .local_addr()
                     .map(|a| a.to_string())
                     .unwrap_or_default();
@@ -603,7 +714,7 @@ fn receive_pages(
                     "hakoniwa: migration in: postcopy connection lost ({e}); {} pages exist only on the source, so the guest is paused until the source resumes the migration (`hakoniwa ctl migrate --resume --to tcp:{address}` there)",
                     shared.missing()
                 );
-                match accept_resume(&listener, &machine, shared) {
+                match wait.accept_resume(shared) {
                     Ok(new_reader) => {
                         reader = new_reader;
                         status.update(|s| {
@@ -643,7 +754,7 @@ fn receive_pages(
 
 /// Places pages until the source says it sent them all (then confirms).
 fn take_pages(
-    reader: &mut TcpStream,
+    reader: &mut Stream,
     shared: &PostcopyShared,
     status: &SharedStatus,
 ) -> Result<(), MigrationError> {
@@ -687,49 +798,56 @@ fn take_pages(
     }
 }
 
-/// Waits for the source to resume a postcopy: a resume hello for this
-/// machine gets a welcome and the bitmap of the pages here; anything else
-/// is refused and the wait goes on. Returns the new reading half; the
-/// writing half goes to `shared`, which asks again for every page still
-/// awaited.
-fn accept_resume(
-    listener: &TcpListener,
-    machine: &MachineState,
-    shared: &PostcopyShared,
-) -> Result<TcpStream, MigrationError> {
-    loop {
-        let (stream, peer) = listener
-            .accept()
-            .map_err(|e| MigrationError::Invalid(format!("accept: {}", api::io_reason(&e))))?;
-        stream.set_nodelay(true).ok();
-        stream.set_read_timeout(Some(PRECOPY_READ_TIMEOUT)).ok();
-        let mut reader = clone_stream(&stream)?;
-        let mut writer = stream;
-        let hello = match read_hello(&mut reader) {
-            Ok(hello) => hello,
-            Err(e) => {
-                say!("hakoniwa: migration in: a connection from {peer} is not a resume: {e}");
+/// What a paused postcopy waits with: the listening socket, its
+/// credentials, and who the source was.
+struct ResumeWait {
+    listener: TcpListener,
+    auth: Auth,
+    /// The source's certificate (TLS): a resume must show the same one.
+    source_identity: Option<Vec<u8>>,
+    machine: MachineState,
+}
+
+impl ResumeWait {
+    /// Waits for the source to resume a postcopy: a resume hello for this
+    /// machine, from the source's certificate, gets a welcome and the
+    /// bitmap of the pages here; anything else is dropped or refused and
+    /// the wait goes on. Returns the new reading half; the writing half
+    /// goes to `shared`, which asks again for every page still awaited.
+    fn accept_resume(&self, shared: &PostcopyShared) -> Result<Stream, MigrationError> {
+        loop {
+            let (link, peer) = accept_link(&self.listener, &self.auth)?;
+            if link.peer_identity != self.source_identity {
+                say!("hakoniwa: migration in: dropped a connection from {peer}: its certificate is not the one the migration came from");
                 continue;
             }
-        };
-        let check = if hello.resume {
-            check_machine(&hello, machine)
-        } else {
-            Err(
-                "this VM is in a paused postcopy: only `migrate --resume` from its source is taken"
-                    .into(),
-            )
-        };
-        if let Err(why) = check {
-            let _ = write_message(&mut writer, &Message::Refused(why.clone()));
-            say!("hakoniwa: migration in: refused a connection from {peer}: {why}");
-            continue;
+            let hello = match read_hello(&mut &link.stream) {
+                Ok(hello) => hello,
+                Err(e) => {
+                    say!("hakoniwa: migration in: dropped a connection from {peer}: not a resume: {e}");
+                    continue;
+                }
+            };
+            let reader = clone_stream(&link.stream)?;
+            let mut writer = link.stream;
+            let check = if hello.resume {
+                check_machine(&hello, &self.machine)
+                    .map_err(|m| (m.for_peer(self.auth.authenticates()), m.detail))
+            } else {
+                let why = "this VM is in a paused postcopy: only `migrate --resume` from its source is taken";
+                Err((why.to_string(), why.to_string()))
+            };
+            if let Err((told, detail)) = check {
+                let _ = write_message(&mut writer, &Message::Refused(told));
+                say!("hakoniwa: migration in: refused a connection from {peer}: {detail}");
+                continue;
+            }
+            write_message(&mut writer, &Message::Welcome(b"{}".to_vec()))?;
+            write_message(&mut writer, &Message::Received(shared.received.to_bytes()))?;
+            reader.set_read_timeout(None).ok();
+            shared.reconnected(writer)?;
+            return Ok(reader);
         }
-        write_message(&mut writer, &Message::Welcome(b"{}".to_vec()))?;
-        write_message(&mut writer, &Message::Received(shared.received.to_bytes()))?;
-        reader.set_read_timeout(None).ok();
-        shared.reconnected(writer)?;
-        return Ok(reader);
     }
 }
 
@@ -749,8 +867,8 @@ pub mod fuzzing {
         machine: &MachineState,
         mut input: &[u8],
     ) -> Result<(), MigrationError> {
-        let hello = read_hello(&mut input)?;
-        check_machine(&hello, machine).map_err(MigrationError::RefusedIncoming)?;
+        let hello = parse_hello(&mut input)?;
+        check_machine(&hello, machine).map_err(|m| MigrationError::RefusedIncoming(m.detail))?;
         let layout = RamLayout::new(memory);
         let status = SharedStatus::new(MigrationStatus::new(
             "destination",
@@ -800,6 +918,149 @@ pub mod fuzzing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::migration::address::MigrationAuth;
+    use crate::migration::tls::test_credentials;
+    use std::io::Write;
+    use std::net::TcpStream;
+
+    fn machine(memory_bytes: u64, vcpus: u8, devices: &[(&str, &str)]) -> MachineState {
+        MachineState {
+            memory_bytes,
+            vcpus,
+            ram_regions: vec![(0, memory_bytes)],
+            devices: devices
+                .iter()
+                .map(|(id, kind)| (id.to_string(), kind.to_string()))
+                .collect(),
+            boot_protocol: String::new(),
+            kernel: String::new(),
+            cmdline: String::new(),
+            display: None,
+        }
+    }
+
+    fn hello(machine: MachineState) -> Hello {
+        Hello {
+            protocol: PROTOCOL_VERSION,
+            hakoniwa: HAKONIWA_VERSION.into(),
+            mode: super::super::MigrationMode::Precopy,
+            machine,
+            resume: false,
+        }
+    }
+
+    #[test]
+    fn a_refusal_to_an_unauthenticated_peer_describes_nothing_of_ours() {
+        let ours = machine(256 << 20, 3, &[("secret-disk", "virtio-blk")]);
+        for theirs in [
+            machine(512 << 20, 3, &[("secret-disk", "virtio-blk")]),
+            machine(256 << 20, 7, &[("secret-disk", "virtio-blk")]),
+            machine(256 << 20, 3, &[("their-disk", "virtio-blk")]),
+        ] {
+            let mismatch = check_machine(&hello(theirs), &ours).unwrap_err();
+            let told = mismatch.for_peer(false);
+            for ours_in_words in ["256", "3 vCPUs", "is 3", "secret-disk"] {
+                assert!(!told.contains(ours_in_words), "{told}");
+            }
+            assert!(told.contains("differs"), "{told}");
+            // Our own log, and an authenticated source, get the detail.
+            assert_eq!(mismatch.for_peer(true), mismatch.detail);
+            assert!(
+                mismatch.detail.contains("256M")
+                    || mismatch.detail.contains("is 3")
+                    || mismatch.detail.contains("secret-disk"),
+                "{}",
+                mismatch.detail
+            );
+        }
+        let mut other = hello(ours.clone());
+        other.hakoniwa = "0.0.0-other".into();
+        let told = check_machine(&other, &ours).unwrap_err().for_peer(false);
+        assert!(!told.contains(HAKONIWA_VERSION), "{told}");
+    }
+
+    type Peer = Box<dyn FnOnce(TcpStream) + Send>;
+
+    /// Connects to `port` once for each of `peers`, one after the other.
+    fn connect_each(port: u16, peers: Vec<Peer>) -> JoinHandle<()> {
+        std::thread::spawn(move || {
+            for peer in peers {
+                peer(TcpStream::connect(("127.0.0.1", port)).unwrap());
+            }
+        })
+    }
+
+    fn send_hello(out: &mut impl std::io::Write, memory_bytes: u64) {
+        let h = hello(machine(memory_bytes, 1, &[]));
+        write_message(out, &Message::Hello(serde_json::to_vec(&h).unwrap())).unwrap();
+    }
+
+    fn tls(dir: &std::path::Path) -> MigrationAuth {
+        MigrationAuth::Tls {
+            dir: dir.to_path_buf(),
+            name: None,
+        }
+    }
+
+    #[test]
+    fn the_destination_drops_bad_peers_and_keeps_waiting_for_a_source() {
+        // auth=none: a bare connect, garbage, a frame that is not a
+        // hello, then a source.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let clients = connect_each(
+            port,
+            vec![
+                Box::new(drop),
+                Box::new(|mut t| t.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap()),
+                Box::new(|mut t| {
+                    write_message(&mut t, &Message::Done).unwrap();
+                }),
+                Box::new(|mut t| {
+                    send_hello(&mut t, 256 << 20);
+                    let _ = std::io::Read::read(&mut t, &mut [0u8; 1]);
+                }),
+            ],
+        );
+        let (link, hello, _) = next_source(&listener, &Auth::None).unwrap();
+        assert_eq!(hello.machine.memory_bytes, 256 << 20);
+        assert!(link.peer_identity.is_none());
+        drop(link);
+        clients.join().unwrap();
+
+        // tls=: the same, plus a plain-TCP source and one with another
+        // CA's certificate, then the real source.
+        let dir = test_credentials("dst-loop");
+        let stranger = test_credentials("stranger-loop");
+        let auth = Auth::destination(&tls(&dir)).unwrap();
+        let good = Auth::source(&tls(&dir), "127.0.0.1").unwrap();
+        let bad = Auth::source(&tls(&stranger), "127.0.0.1").unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let clients = connect_each(
+            port,
+            vec![
+                Box::new(drop),
+                Box::new(|mut t| t.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap()),
+                Box::new(|mut t| send_hello(&mut t, 256 << 20)),
+                Box::new(move |t| {
+                    if let Ok(link) = bad.open(t) {
+                        let _ = std::io::Read::read(&mut &link.stream, &mut [0u8; 1]);
+                    }
+                }),
+                Box::new(move |t| {
+                    let link = good.open(t).unwrap();
+                    send_hello(&mut &link.stream, 512 << 20);
+                    let _ = std::io::Read::read(&mut &link.stream, &mut [0u8; 1]);
+                }),
+            ],
+        );
+        let (link, hello, _) = next_source(&listener, &auth).unwrap();
+        assert_eq!(hello.machine.memory_bytes, 512 << 20);
+        assert!(link.peer_identity.is_some());
+        drop(link);
+        clients.join().unwrap();
+    }
     use vm_memory::GuestAddress;
 
     #[test]

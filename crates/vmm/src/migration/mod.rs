@@ -4,6 +4,9 @@
 //! precopy to postcopy by itself when the measured dirty rate says precopy
 //! will not fit the downtime limit.
 //!
+//! - [`address`]: `tcp:HOST:PORT,tls=DIR|auth=none`, parsed and printed;
+//! - [`tls`]: TLS 1.3 with certificates both ways, and its pump thread;
+//! - [`link`]: the connection as a plain byte stream, plain or over TLS;
 //! - [`protocol`]: the framed, checksummed stream;
 //! - [`pages`]: guest pages, RAM-order indices and shared page bitmaps;
 //! - [`dirty`]: the source's dirty log over RAM (KVM's and the VMM's);
@@ -17,15 +20,18 @@
 //!   placement;
 //! - [`status`]: what both sides report (API, `ctl migrate`'s progress).
 
+pub mod address;
 pub mod destination;
 pub mod dirty;
 pub mod history;
+pub mod link;
 pub mod pages;
 pub mod postcopy;
 pub mod protocol;
 pub mod source;
 pub mod status;
 pub mod switchover;
+pub mod tls;
 
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +39,8 @@ use crate::snapshot::state::MachineState;
 use crate::snapshot::SnapshotError;
 use protocol::StreamError;
 
-pub use destination::{Incoming, IncomingAddress};
+pub use address::{MigrationAddress, MigrationAuth};
+pub use destination::Incoming;
 pub use source::{MigrationSource, VmPauser};
 pub use status::{MigrationStatus, Phase};
 
@@ -124,44 +131,4 @@ pub fn unix_now_ns() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
-}
-
-/// Parses `tcp:HOST:PORT` into `HOST:PORT`.
-pub fn parse_tcp_address(text: &str) -> Result<String, String> {
-    let rest = text
-        .strip_prefix("tcp:")
-        .ok_or_else(|| format!("'{text}' is not tcp:HOST:PORT"))?;
-    let (host, port) = rest
-        .rsplit_once(':')
-        .ok_or_else(|| format!("'{text}' is not tcp:HOST:PORT"))?;
-    if host.is_empty() {
-        return Err(format!("'{text}' has no host (tcp:HOST:PORT)"));
-    }
-    port.parse::<u16>()
-        .map_err(|_| format!("'{text}': '{port}' is not a port number"))?;
-    Ok(rest.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tcp_addresses_parse_with_clear_errors() {
-        assert_eq!(
-            parse_tcp_address("tcp:127.0.0.1:4444").unwrap(),
-            "127.0.0.1:4444"
-        );
-        assert_eq!(parse_tcp_address("tcp:[::1]:4444").unwrap(), "[::1]:4444");
-        assert!(parse_tcp_address("127.0.0.1:4444")
-            .unwrap_err()
-            .contains("tcp:HOST:PORT"));
-        assert!(parse_tcp_address("tcp:host").is_err());
-        assert!(parse_tcp_address("tcp::4444")
-            .unwrap_err()
-            .contains("no host"));
-        assert!(parse_tcp_address("tcp:h:99999")
-            .unwrap_err()
-            .contains("not a port"));
-    }
 }

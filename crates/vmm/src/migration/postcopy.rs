@@ -15,7 +15,6 @@
 //! a fault is the vCPU's wait too.
 
 use std::collections::HashMap;
-use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,6 +25,7 @@ use userfaultfd::{Event, FeatureFlags, RegisterMode, Uffd, UffdBuilder};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::history::{PageHistory, WrongPage};
+use super::link::Stream;
 use super::pages::{PageBitmap, RamLayout};
 use super::protocol::{write_message, Message, PageKind, PAGE_SIZE};
 use super::status::{RunFraction, SharedStatus};
@@ -91,7 +91,7 @@ pub struct PostcopyShared {
     pending: Mutex<HashMap<usize, Pending>>,
     /// Requests go out on the connection's writing half; `None` while the
     /// connection is down (the requests are made again on resume).
-    writer: Mutex<Option<TcpStream>>,
+    writer: Mutex<Option<Stream>>,
     status: Arc<SharedStatus>,
     /// When the vCPUs started, and the time they waited per window.
     run_start: Mutex<Option<Instant>>,
@@ -109,7 +109,7 @@ impl PostcopyShared {
     pub fn register(
         history: Arc<PageHistory>,
         received: PageBitmap,
-        writer: TcpStream,
+        writer: Stream,
         status: Arc<SharedStatus>,
         vcpus: usize,
     ) -> Result<Arc<PostcopyShared>, MigrationError> {
@@ -457,7 +457,7 @@ impl PostcopyShared {
 
     /// A new connection after a drop: requests go there, and every page
     /// asked for but not yet here is asked for again.
-    pub fn reconnected(&self, writer: TcpStream) -> Result<(), MigrationError> {
+    pub fn reconnected(&self, writer: Stream) -> Result<(), MigrationError> {
         *self.writer.lock().unwrap_or_else(|e| e.into_inner()) = Some(writer);
         let waiting: Vec<usize> = self
             .pending
@@ -669,7 +669,8 @@ mod tests {
         // SAFETY: the first byte of a page of `memory`, alive for the test.
         unsafe { *byte_of(1) = 0xee };
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let writer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let writer =
+            Stream::from(std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap());
         let status = Arc::new(SharedStatus::new(MigrationStatus::new(
             "destination",
             MigrationMode::Postcopy,

@@ -11,15 +11,17 @@
 //! again; it ends once the destination has every page.
 
 use std::io::{BufWriter, Write};
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::address::MigrationAddress;
 use super::dirty::RamDirtyLog;
 use super::history::page_crc;
+use super::link::{Auth, Link, Stream};
 use super::pages::{is_zero_page, PageBitmap, RamLayout};
 use super::protocol::{
     read_message, write_message, Message, PageKind, StreamError, MAX_RUN_PAGES, PAGE_SIZE,
@@ -56,8 +58,8 @@ const BACKGROUND_SPAN: usize = MAX_RUN_PAGES;
 /// What `ctl migrate` asks for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigrationRequest {
-    /// `HOST:PORT` of the destination's `--incoming`.
-    pub to: String,
+    /// The destination's `--incoming` address, with how to authenticate.
+    pub to: MigrationAddress,
     pub mode: MigrationMode,
     /// Neighbours sent on each side of a demanded page.
     pub prefetch: u32,
@@ -96,7 +98,7 @@ pub struct MigrationSource {
     current: Mutex<Option<Arc<SharedStatus>>>,
     /// Set while a postcopy waits for `migrate --resume`: where to send
     /// the new destination address.
-    resume: Arc<Mutex<Option<mpsc::Sender<String>>>>,
+    resume: Arc<Mutex<Option<mpsc::Sender<MigrationAddress>>>>,
 }
 
 impl MigrationSource {
@@ -118,6 +120,8 @@ impl MigrationSource {
 
     /// Starts a migration on its own thread; refuses while one runs.
     pub fn start(&self, request: MigrationRequest) -> Result<(), MigrationError> {
+        // Credentials that cannot be loaded fail `ctl migrate` at once.
+        source_auth(&request.to)?;
         if request.resume {
             let waiting = self.resume.lock().unwrap_or_else(|e| e.into_inner()).take();
             return match waiting {
@@ -144,7 +148,7 @@ impl MigrationSource {
         let status = Arc::new(SharedStatus::new(MigrationStatus::new(
             "source",
             request.mode,
-            request.to.clone(),
+            request.to.host_port(),
             layout.pages() as u64,
         )));
         status.update(|s| s.verify_pages = request.verify_pages);
@@ -207,7 +211,7 @@ struct SourceJob {
     events: EventSender,
     status: Arc<SharedStatus>,
     request: MigrationRequest,
-    resume: Arc<Mutex<Option<mpsc::Sender<String>>>>,
+    resume: Arc<Mutex<Option<mpsc::Sender<MigrationAddress>>>>,
 }
 
 /// Where the job is, for cleaning up after a failure.
@@ -230,7 +234,7 @@ impl SourceJob {
                 let s = self.status.get();
                 self.events.send(VmmEvent::Migrated(format!(
                     "migrated to {} ({}, {:.1} s, downtime {})",
-                    self.request.to,
+                    self.request.to.host_port(),
                     self.request.mode.name(),
                     s.total_ms.unwrap_or(0) as f64 / 1000.0,
                     s.downtime_ms
@@ -247,7 +251,7 @@ impl SourceJob {
                             // The disks were handed over: the guest may
                             // only write them again once they are ours.
                             if let Err(e) = self.snapshot.take_back_disks() {
-                                say!("hakoniwa: migration to {} failed: {message}; the VM stays stopped here: {e}", self.request.to);
+                                say!("hakoniwa: migration to {} failed: {message}; the VM stays stopped here: {e}", self.request.to.host_port());
                                 self.status.finish(Phase::Failed, Some(message));
                                 return;
                             }
@@ -257,10 +261,10 @@ impl SourceJob {
                             }
                             self.pauser.resume();
                         }
-                        say!("hakoniwa: migration to {} failed: {message}; the VM keeps running here", self.request.to);
+                        say!("hakoniwa: migration to {} failed: {message}; the VM keeps running here", self.request.to.host_port());
                     }
                     Stage::AfterSwitchover => {
-                        say!("hakoniwa: migration to {} failed after the switch-over: {message}; the VM stays stopped here", self.request.to);
+                        say!("hakoniwa: migration to {} failed after the switch-over: {message}; the VM stays stopped here", self.request.to.host_port());
                     }
                 }
                 self.status.finish(Phase::Failed, Some(message));
@@ -269,7 +273,7 @@ impl SourceJob {
     }
 
     fn migrate(&self, stage: &mut Stage) -> Result<(), MigrationError> {
-        let (stream, mut reader, mut out) = self.handshake(&self.request.to, false)?;
+        let (link, mut reader, mut out) = self.handshake(&self.request.to, false)?;
 
         let pages = self.layout.pages();
         // Pages the destination has a current copy of.
@@ -330,7 +334,7 @@ impl SourceJob {
                 }
                 return Err(e);
             }
-            let _ = stream.shutdown(Shutdown::Both);
+            link.shutdown();
             return Ok(());
         }
 
@@ -351,16 +355,10 @@ impl SourceJob {
             s.phase = Phase::Postcopy;
             s.remaining_pages = (pages - sent.count()) as u64;
         });
-        let mut connection = (
-            stream
-                .try_clone()
-                .map_err(|e| MigrationError::Invalid(e.to_string()))?,
-            reader,
-            out,
-        );
+        let mut connection = (link, reader, out);
         let mut running = false;
         loop {
-            let (stream, reader, out) = connection;
+            let (link, reader, out) = connection;
             match self.serve_postcopy(
                 reader,
                 out,
@@ -370,13 +368,13 @@ impl SourceJob {
                 &mut running,
             ) {
                 Ok(()) => {
-                    let _ = stream.shutdown(Shutdown::Both);
+                    link.shutdown();
                     return Ok(());
                 }
                 // The link broke, not the stream: both sides wait for a
                 // new connection (QEMU's postcopy recovery).
                 Err(e) if e.is_disconnect() => {
-                    let _ = stream.shutdown(Shutdown::Both);
+                    link.shutdown();
                     connection = self.wait_and_resume(&e, &sent)?;
                 }
                 // It refused the state before running the guest (e.g. a
@@ -396,11 +394,11 @@ impl SourceJob {
         &self,
         why: &MigrationError,
         sent: &PageBitmap,
-    ) -> Result<(TcpStream, TcpStream, Out), MigrationError> {
+    ) -> Result<(Link, Stream, Out), MigrationError> {
         self.status.update(|s| s.phase = Phase::Paused);
         say!(
-            "hakoniwa: migration to {} paused: {why}; the guest stays stopped here and on the destination until `hakoniwa ctl migrate --resume --to tcp:HOST:PORT`",
-            self.request.to
+            "hakoniwa: migration to {} paused: {why}; the guest stays stopped here and on the destination until `hakoniwa ctl migrate --resume --to tcp:HOST:PORT,...`",
+            self.request.to.host_port()
         );
         loop {
             let (tx, rx) = mpsc::channel();
@@ -415,35 +413,39 @@ impl SourceJob {
                     self.status.update(|s| {
                         s.phase = Phase::Postcopy;
                         s.resumes += 1;
-                        s.peer = to.clone();
+                        s.peer = to.host_port();
                         s.remaining_pages = (sent.len() - sent.count()) as u64;
                     });
-                    say!("hakoniwa: migration resumed to {to}");
+                    say!("hakoniwa: migration resumed to {}", to.host_port());
                     return Ok(connection);
                 }
                 Err(e) => {
-                    say!("hakoniwa: resuming the migration to {to} failed: {e}; still paused")
+                    say!(
+                        "hakoniwa: resuming the migration to {} failed: {e}; still paused",
+                        to.host_port()
+                    )
                 }
             }
         }
     }
 
     /// Connects to `to`, says hello (the destination checks the machine
-    /// before anything runs) and waits for its welcome. Returns the stream,
+    /// before anything runs) and waits for its welcome. Returns the link,
     /// its reading half (with a timeout for answers) and its buffered
     /// writing half.
     fn handshake(
         &self,
-        to: &str,
+        to: &MigrationAddress,
         resume: bool,
-    ) -> Result<(TcpStream, TcpStream, Out), MigrationError> {
-        let stream = connect(to)?;
-        let mut reader = stream
+    ) -> Result<(Link, Stream, Out), MigrationError> {
+        let link = connect(to)?;
+        let mut reader = link
+            .stream
             .try_clone()
             .map_err(|e| MigrationError::Invalid(e.to_string()))?;
         reader.set_read_timeout(Some(ANSWER_TIMEOUT)).ok();
         let mut out =
-            Out::new(&stream, self.status.clone()).with_limit(self.request.max_bandwidth_mib);
+            Out::new(&link, self.status.clone())?.with_limit(self.request.max_bandwidth_mib);
         let hello = Hello {
             protocol: PROTOCOL_VERSION,
             hakoniwa: HAKONIWA_VERSION.into(),
@@ -451,10 +453,23 @@ impl SourceJob {
             machine: self.snapshot.machine().clone(),
             resume,
         };
-        out.send(&Message::Hello(to_json(&hello)?))?;
-        out.flush()?;
-        match read_message(&mut reader)?.0 {
-            Message::Welcome(_) => Ok((stream, reader, out)),
+        // A destination that rejects our certificate says so in a TLS
+        // alert, which ends the stream: its reason beats "closed".
+        let tls_refusal = |e: MigrationError| match link.tls_failure() {
+            Some(reason) => MigrationError::Connect {
+                to: to.host_port(),
+                reason,
+            },
+            None => e,
+        };
+        out.send(&Message::Hello(to_json(&hello)?))
+            .and_then(|()| out.flush())
+            .map_err(tls_refusal)?;
+        let answer = read_message(&mut reader)
+            .map_err(|e| tls_refusal(MigrationError::Stream(e)))?
+            .0;
+        match answer {
+            Message::Welcome(_) => Ok((link, reader, out)),
             Message::Refused(why) => Err(MigrationError::Refused(why)),
             other => Err(MigrationError::Unexpected {
                 got: other.name(),
@@ -467,10 +482,10 @@ impl SourceJob {
     /// becomes what it says it has.
     fn reconnect(
         &self,
-        to: &str,
+        to: &MigrationAddress,
         sent: &PageBitmap,
-    ) -> Result<(TcpStream, TcpStream, Out), MigrationError> {
-        let (stream, mut reader, out) = self.handshake(to, true)?;
+    ) -> Result<(Link, Stream, Out), MigrationError> {
+        let (link, mut reader, out) = self.handshake(to, true)?;
         let Message::Received(bitmap) = read_message(&mut reader)?.0 else {
             return Err(MigrationError::Invalid(
                 "the destination did not say which pages it has".into(),
@@ -487,7 +502,7 @@ impl SourceJob {
             sent.set(i);
             next = i + 1;
         }
-        Ok((stream, reader, out))
+        Ok((link, reader, out))
     }
 
     /// Precopy rounds until the rest fits the downtime limit; returns
@@ -640,7 +655,7 @@ impl SourceJob {
     /// the source sees it.
     fn wait_running(
         &self,
-        reader: &mut TcpStream,
+        reader: &mut Stream,
         stopped: Instant,
         stopped_at_unix_ns: u64,
     ) -> Result<(), MigrationError> {
@@ -673,7 +688,7 @@ impl SourceJob {
     /// destination confirms it has them all.
     fn serve_postcopy(
         &self,
-        reader: TcpStream,
+        reader: Stream,
         mut out: Out,
         sent: &PageBitmap,
         stopped: Instant,
@@ -902,23 +917,13 @@ enum Heard {
 /// at most this much background data (plus the receiver's buffer).
 const POSTCOPY_SEND_BUFFER: usize = 256 << 10;
 
-/// Sets SO_SNDBUF of the connection `out` writes to (best effort).
+/// Sets SO_SNDBUF of the connection `out` writes to and of the TCP
+/// socket under it (the same one without TLS; best effort).
 fn set_send_buffer(out: &Out, bytes: usize) {
-    use std::os::fd::AsRawFd;
-    let value = bytes as libc::c_int;
-    // SAFETY: setsockopt on our own connected socket with a pointer to a
-    // c_int and its size, as SO_SNDBUF expects.
-    let r = unsafe {
-        libc::setsockopt(
-            out.writer.get_ref().as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        tracing::warn!("SO_SNDBUF: {}", std::io::Error::last_os_error());
+    for socket in [out.writer.get_ref(), &out.network] {
+        if let Err(e) = socket.set_send_buffer_size(bytes) {
+            tracing::warn!("SO_SNDBUF: {e}");
+        }
     }
 }
 
@@ -944,7 +949,9 @@ fn runs_of(a: &PageBitmap, b: &PageBitmap, page_of: impl Fn(usize) -> u64) -> Ve
 
 /// The buffered writing half, counting bytes into the status.
 struct Out {
-    writer: BufWriter<TcpStream>,
+    writer: BufWriter<Stream>,
+    /// The TCP socket under it, for its send buffer.
+    network: Stream,
     bytes: u64,
     status: Arc<SharedStatus>,
     /// `--max-bandwidth`, bytes/s, and what was sent under it since when.
@@ -958,20 +965,19 @@ struct Out {
 const PACE_STEP: Duration = Duration::from_millis(20);
 
 impl Out {
-    fn new(stream: &TcpStream, status: Arc<SharedStatus>) -> Out {
-        Out {
-            writer: BufWriter::with_capacity(
-                1 << 20,
-                stream
-                    .try_clone()
-                    .expect("a connected TCP stream can be cloned"),
-            ),
+    fn new(link: &Link, status: Arc<SharedStatus>) -> Result<Out, MigrationError> {
+        let clone = |r: std::io::Result<Stream>| {
+            r.map_err(|e| MigrationError::Invalid(format!("cannot clone the connection: {e}")))
+        };
+        Ok(Out {
+            writer: BufWriter::with_capacity(1 << 20, clone(link.stream.try_clone())?),
+            network: clone(link.network())?,
             bytes: 0,
             status,
             limit: None,
             paced_since: Instant::now(),
             paced_bytes: 0,
-        }
+        })
     }
 
     fn with_limit(mut self, mib_per_s: Option<u32>) -> Out {
@@ -1011,22 +1017,27 @@ impl Out {
     }
 }
 
-fn connect(to: &str) -> Result<TcpStream, MigrationError> {
+/// The source's credentials for `to` (none for `auth=none`).
+fn source_auth(to: &MigrationAddress) -> Result<Auth, MigrationError> {
+    Auth::source(&to.auth, &to.server_name()).map_err(MigrationError::Invalid)
+}
+
+/// Connects to `to` and authenticates both sides (`tls=`).
+fn connect(to: &MigrationAddress) -> Result<Link, MigrationError> {
+    let auth = source_auth(to)?;
+    let host_port = to.host_port();
     let fail = |reason: String| MigrationError::Connect {
-        to: to.to_string(),
+        to: host_port.clone(),
         reason,
     };
-    let addresses: Vec<_> = to
+    let addresses: Vec<_> = host_port
         .to_socket_addrs()
         .map_err(|e| fail(e.to_string()))?
         .collect();
     let mut last = "no address".to_string();
     for address in addresses {
         match TcpStream::connect_timeout(&address, CONNECT_TIMEOUT) {
-            Ok(stream) => {
-                stream.set_nodelay(true).ok();
-                return Ok(stream);
-            }
+            Ok(stream) => return auth.open(stream).map_err(fail),
             Err(e) => last = api::io_reason(&e),
         }
     }
