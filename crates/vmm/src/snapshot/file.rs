@@ -325,37 +325,14 @@ mod tests {
 
     /// A one-vCPU VM's metadata with zeroed KVM structures (no KVM needed).
     fn snapshot(memory_bytes: u64) -> VmSnapshot {
-        let json = serde_json::json!({
-            "machine": {
-                "memory_bytes": memory_bytes, "vcpus": 1,
-                "ram_regions": arch::layout::ram_regions(memory_bytes),
-                "devices": [["com1", "serial-16550a"]], "boot_protocol": "pvh",
-                "kernel": "vmlinux", "cmdline": "console=ttyS0"
-            },
-            "vm": {"pic_master": [], "pic_slave": [], "ioapic": [], "pit": [], "clock": []},
-            "vcpus": [{
-                "index": 0, "cpuid": [], "mp_state": [], "regs": [], "sregs": [], "xsave": [],
-                "xcrs": null, "debug_regs": [], "lapic": [], "vcpu_events": [], "tsc_khz": 1000,
-                "msrs": [{"index": 16, "data": 12345}]
-            }],
-            "devices": {"com1": {
-                "baud_divisor_low": 12, "baud_divisor_high": 0, "interrupt_enable": 1,
-                "interrupt_identification": 1, "line_control": 3, "line_status": 96,
-                "modem_control": 8, "modem_status": 176, "scratch": 7, "in_buffer": [104, 105]
-            }, "virtio": {"rng0": {
-                "device_type": 4, "config_space": vec![0u32; 64], "bar_address": 0xc000_0000u64,
-                "msix": {"entries": [{"address_lo": 0xfee0_0000u32, "address_hi": 0, "data": 34,
-                    "control": 0}, {"address_lo": 0, "address_hi": 0, "data": 0, "control": 1}],
-                    "pending": [false, true]},
-                "status": 15, "device_feature_select": 1, "driver_feature_select": 1,
-                "driver_features": 0x1_3000_0000u64, "queue_select": 0, "config_generation": 0,
-                "config_vector": 65535, "isr": 0, "activated": true,
-                "queues": [{"size": 256, "ready": true, "desc": 0x1000, "driver": 0x2000,
-                    "device": 0x3000, "vector": 0, "next_avail": 7, "next_used": 6}],
-                "device": {"device": "rng"}
-            }}}
-        });
-        serde_json::from_value(json).unwrap()
+        let machine = serde_json::from_value(serde_json::json!({
+            "memory_bytes": memory_bytes, "vcpus": 1,
+            "ram_regions": arch::layout::ram_regions(memory_bytes),
+            "devices": [["com1", "serial-16550a"]], "boot_protocol": "pvh",
+            "kernel": "vmlinux", "cmdline": "console=ttyS0"
+        }))
+        .unwrap();
+        VmSnapshot::sample(&machine)
     }
 
     fn temp(name: &str) -> PathBuf {
