@@ -196,19 +196,26 @@ impl Vmm {
 
     /// Waits for hakoniwa to exit.
     pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        self.exit_within(timeout).unwrap_or_else(|| {
+            panic!(
+                "hakoniwa did not exit within {timeout:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                self.stdout(),
+                self.stderr()
+            )
+        })
+    }
+
+    /// Its exit status, if hakoniwa exits within `timeout`.
+    pub fn exit_within(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 // Let the readers drain what is left in the pipes.
                 std::thread::sleep(Duration::from_millis(100));
-                return status;
+                return Some(status);
             }
             if Instant::now() > deadline {
-                panic!(
-                    "hakoniwa did not exit within {timeout:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-                    self.stdout(),
-                    self.stderr()
-                );
+                return None;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
