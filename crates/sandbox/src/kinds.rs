@@ -45,6 +45,9 @@ pub enum ThreadKind {
     MigrateOut,
     /// Reads the destination's page requests during a migration.
     MigrateRequests,
+    /// Relays one TLS migration connection between the network and the
+    /// migration code's local socket (either side).
+    MigrateTls,
     /// Receives pages on a postcopy destination.
     PostcopyPages,
     /// Answers the guest's userfaultfd faults on a postcopy destination.
@@ -71,6 +74,7 @@ impl ThreadKind {
         ThreadKind::ApiConnection,
         ThreadKind::MigrateOut,
         ThreadKind::MigrateRequests,
+        ThreadKind::MigrateTls,
         ThreadKind::PostcopyPages,
         ThreadKind::PostcopyFaults,
         ThreadKind::Metrics,
@@ -94,6 +98,7 @@ impl ThreadKind {
             ThreadKind::ApiConnection => "api-conn",
             ThreadKind::MigrateOut => "migrate-out",
             ThreadKind::MigrateRequests => "migrate-requests",
+            ThreadKind::MigrateTls => "migrate-tls",
             ThreadKind::PostcopyPages => "postcopy-pages",
             ThreadKind::PostcopyFaults => "postcopy-faults",
             ThreadKind::Metrics => "metrics",
@@ -118,12 +123,17 @@ impl ThreadKind {
                 ThreadKind::MigrateOut,
                 ThreadKind::DisplayWp,
             ],
-            // A failed migration resumes the VM (its device workers).
+            // A failed migration resumes the VM (its device workers); a
+            // TLS connection has its pump.
             ThreadKind::MigrateOut => &[
                 ThreadKind::MigrateRequests,
+                ThreadKind::MigrateTls,
                 ThreadKind::VirtioWorker,
                 ThreadKind::BlockIo,
             ],
+            // A resumed postcopy accepts a new connection: over TLS, with
+            // its pump.
+            ThreadKind::PostcopyPages => &[ThreadKind::MigrateTls],
             _ => &[],
         }
     }
@@ -204,8 +214,16 @@ impl ThreadKind {
                 .union(&allow::ioctl_type(KVMIO)?)
                 .union(&allow::ioctl_type(VFIO_TYPE)?),
             ThreadKind::MigrateRequests => list.union(&allow::sockets(&[AF_INET, AF_INET6])?),
-            // Which thread faulted is read from /proc/self/task/TID/comm.
-            ThreadKind::PostcopyPages | ThreadKind::PostcopyFaults => list
+            // poll(2) on the TCP socket and its end of the local pair.
+            ThreadKind::MigrateTls => list.union(&allow::sockets(&[AF_UNIX, AF_INET, AF_INET6])?),
+            // Which thread faulted is read from /proc/self/task/TID/comm;
+            // a resume over TLS makes the pump's local socket pair.
+            ThreadKind::PostcopyPages => list
+                .union(&allow::sockets(&[AF_UNIX, AF_INET, AF_INET6])?)
+                .union(&allow::read_only_opens()?)
+                .union(&allow::ioctl_type(UFFDIO)?)
+                .union(&allow::ioctl_type(KVMIO)?),
+            ThreadKind::PostcopyFaults => list
                 .union(&allow::sockets(&[AF_INET, AF_INET6])?)
                 .union(&allow::read_only_opens()?)
                 .union(&allow::ioctl_type(UFFDIO)?)

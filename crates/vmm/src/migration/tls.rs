@@ -223,6 +223,9 @@ struct Pump {
 
 impl Pump {
     fn run(mut self) {
+        // Started on the destination before the VM's threads are
+        // filtered (the first connection), its own filter covers it too.
+        sandbox::enter_or_exit(sandbox::ThreadKind::MigrateTls);
         if let Err(why) = self.relay() {
             tracing::debug!("migration TLS pump: {why}");
             *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
