@@ -711,8 +711,9 @@ fn receive_pages(
                     .map(|a| a.to_string())
                     .unwrap_or_default();
                 say!(
-                    "hakoniwa: migration in: postcopy connection lost ({e}); {} pages exist only on the source, so the guest is paused until the source resumes the migration (`hakoniwa ctl migrate --resume --to tcp:{address}` there)",
-                    shared.missing()
+                    "hakoniwa: migration in: postcopy connection lost ({e}); {} pages exist only on the source, so the guest is paused until the source resumes the migration (`hakoniwa ctl migrate --resume --to tcp:{address}{}` there)",
+                    shared.missing(),
+                    wait.auth.address_suffix()
                 );
                 match wait.accept_resume(shared) {
                     Ok(new_reader) => {

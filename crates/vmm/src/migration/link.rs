@@ -49,6 +49,15 @@ impl Auth {
         }
     }
 
+    /// How a source's `--to` for this destination ends, for messages
+    /// (the credentials directory is the source's own).
+    pub fn address_suffix(&self) -> &'static str {
+        match self {
+            Auth::None => ",auth=none",
+            Auth::Server(_) | Auth::Client(_) => ",tls=DIR",
+        }
+    }
+
     /// Whether a peer that passes this is authenticated (TLS), so it may
     /// be told how its VM differs from ours.
     pub fn authenticates(&self) -> bool {

@@ -397,8 +397,9 @@ impl SourceJob {
     ) -> Result<(Link, Stream, Out), MigrationError> {
         self.status.update(|s| s.phase = Phase::Paused);
         say!(
-            "hakoniwa: migration to {} paused: {why}; the guest stays stopped here and on the destination until `hakoniwa ctl migrate --resume --to tcp:HOST:PORT,...`",
-            self.request.to.host_port()
+            "hakoniwa: migration to {} paused: {why}; the guest stays stopped here and on the destination until `hakoniwa ctl migrate --resume --to {}` (or another address of the destination)",
+            self.request.to.host_port(),
+            self.request.to
         );
         loop {
             let (tx, rx) = mpsc::channel();
