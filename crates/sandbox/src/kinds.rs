@@ -182,6 +182,8 @@ impl ThreadKind {
                 .union(&allow::ioctl_type(UFFDIO)?)
                 .union(&allow::sockets(&[AF_UNIX, AF_INET, AF_INET6])?)
                 .calls(&[
+                    // Its metrics: the process's and its own CPU time.
+                    libc::SYS_getrusage,
                     libc::SYS_userfaultfd,
                     libc::SYS_openat,
                     libc::SYS_timerfd_create,
