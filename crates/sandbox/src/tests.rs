@@ -64,6 +64,26 @@ fn the_line_names_the_kind_and_the_call() {
         "\r\nhakoniwa: seccomp: the vcpu thread made system call socket (41, arguments \
          0x2 0x1 0x0), which its filter forbids; stopping (docs/security.md)\n"
     );
+    // A call that names a file names it on a second line (at most 160
+    // bytes of it); other calls do not.
+    let path = trap::describe_path_for_test(libc::SYS_openat, [0, 1, 0], b"/etc/localtime\0junk");
+    assert_eq!(
+        path.as_deref(),
+        Some("hakoniwa: seccomp: the file it named: /etc/localtime\n")
+    );
+    let long = trap::describe_path_for_test(libc::SYS_open, [1, 0, 0], &[b'a'; 300]).unwrap();
+    assert_eq!(
+        long.len(),
+        "hakoniwa: seccomp: the file it named: \n".len() + 160
+    );
+    assert_eq!(
+        trap::describe_path_for_test(libc::SYS_openat, [0, 0, 0], b"x"),
+        None
+    );
+    assert_eq!(
+        trap::describe_path_for_test(libc::SYS_socket, [2, 1, 0], b"x"),
+        None
+    );
     let line = trap::describe_for_test(None, 99_999, [u64::MAX, 0xabc, 0]);
     assert!(
         line.contains("the unsandboxed thread made system call ? (99999, arguments 0xffffffffffffffff 0xabc 0x0)"),
@@ -212,6 +232,11 @@ fn a_postcopy_fault_thread_may_open_to_read_only() {
         in_sandboxed_child(ThreadKind::PostcopyFaults, SeccompMode::On, open_to_write);
     assert_eq!(status, STOPPED, "stderr: {stderr}");
     assert!(stderr.contains("system call openat (257"), "{stderr}");
+    // And which file, on a line of its own.
+    assert!(
+        stderr.contains("\nhakoniwa: seccomp: the file it named: /proc/self/comm\n"),
+        "{stderr}"
+    );
 }
 
 #[test]

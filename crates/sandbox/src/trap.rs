@@ -169,6 +169,52 @@ fn arguments(_context: *mut libc::c_void) -> [u64; 3] {
     [0; 3]
 }
 
+/// Where a call that names a file has the name among its arguments: the
+/// address alone does not say which file a thread wanted.
+fn path_argument(number: i64, args: [u64; 3]) -> Option<u64> {
+    let at = [
+        libc::SYS_openat,
+        libc::SYS_newfstatat,
+        libc::SYS_statx,
+        libc::SYS_readlinkat,
+        libc::SYS_unlinkat,
+        libc::SYS_mkdirat,
+        libc::SYS_faccessat,
+    ];
+    let plain = [
+        libc::SYS_open,
+        libc::SYS_stat,
+        libc::SYS_lstat,
+        libc::SYS_access,
+        libc::SYS_readlink,
+        libc::SYS_unlink,
+        libc::SYS_mkdir,
+    ];
+    let address = if at.contains(&number) {
+        args[1]
+    } else if plain.contains(&number) {
+        args[0]
+    } else {
+        return None;
+    };
+    (address != 0).then_some(address)
+}
+
+/// The second line for a call that names a file: the name, read from the
+/// thread's own memory where the call was to read it (at most 160 bytes).
+fn describe_path(name: impl Iterator<Item = u8>) -> Line {
+    let mut line = Line {
+        bytes: [0; 256],
+        len: 0,
+    };
+    line.push(b"hakoniwa: seccomp: the file it named: ");
+    for b in name.take(160).take_while(|&b| b != 0) {
+        line.push(&[b]);
+    }
+    line.push(b"\n");
+    line
+}
+
 extern "C" fn on_sigsys(
     _signal: libc::c_int,
     info: *mut libc::siginfo_t,
@@ -179,13 +225,34 @@ extern "C" fn on_sigsys(
     let number = unsafe { (*(info as *const SigsysInfo)).syscall };
     let index = KIND.with(|k| k.get());
     let kind = ThreadKind::ALL.get(usize::from(index)).copied();
-    let line = describe(kind, i64::from(number), arguments(context));
-    // SAFETY: writes bytes of a live buffer to stderr, then exits without
-    // running anything else of this process (both async-signal-safe).
-    unsafe {
-        libc::write(2, line.bytes.as_ptr().cast(), line.len);
-        libc::_exit(exit_status());
+    let args = arguments(context);
+    let line = describe(kind, i64::from(number), args);
+    // SAFETY: writes bytes of a live buffer to stderr (async-signal-safe).
+    unsafe { libc::write(2, line.bytes.as_ptr().cast(), line.len) };
+    if let Some(address) = path_argument(i64::from(number), args) {
+        let name = (0..).map(|i| {
+            // SAFETY: the thread passed this address to the kernel as a
+            // NUL-terminated name, which the kernel would have read: it
+            // points into the thread's own memory. Read byte by byte up
+            // to the NUL or 160 bytes, as volatile (another thread may be
+            // changing it). The line above is already out should it not.
+            unsafe { std::ptr::read_volatile((address as *const u8).add(i)) }
+        });
+        let path = describe_path(name);
+        // SAFETY: as above.
+        unsafe { libc::write(2, path.bytes.as_ptr().cast(), path.len) };
     }
+    // SAFETY: exits without running anything else of this process
+    // (async-signal-safe).
+    unsafe { libc::_exit(exit_status()) }
+}
+
+#[cfg(test)]
+pub(crate) fn describe_path_for_test(number: i64, args: [u64; 3], name: &[u8]) -> Option<String> {
+    path_argument(number, args).map(|_| {
+        let line = describe_path(name.iter().copied());
+        String::from_utf8_lossy(&line.bytes[..line.len]).into_owned()
+    })
 }
 
 #[cfg(test)]
