@@ -486,11 +486,24 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
     io = a0["advice"]["guest_io"]["recommended"]
     swap = a0["advice"]["guest_swap"]["recommended"]
     target = a0.get("applied", {}).get("balloon_target_mib", balloon_mib)
-    wait_balloon(args, guests, target)
+    balloons = wait_balloon(args, guests, target)
+    print("    balloon %d MiB: guests' MemTotal %s MiB" % (
+        target, ", ".join(str(b["total_mib"]) for b in balloons)), flush=True)
     set_swap(guests, swap)
     settle(guests, disks, size, args.miss_delay_ms, 1800)
-    after = ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=False,
-                      tag="advisor-advised")
+    try:
+        after = ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=False,
+                          tag="advisor-advised")
+    except RuntimeError as e:
+        # A cell that did not finish (a guest thrashing, its OOM killer
+        # taking fio or the shell) is this run's failure, not the boot's:
+        # interrupt it and go on with the boot's other benchmarks.
+        print("    failed: %s" % str(e)[-300:], flush=True)
+        after = {"ok": False, "error": str(e)[-600:]}
+        for g in guests:
+            g.vm.con.send("\x03")
+        time.sleep(5)
+        on_all(guests, "true", 600)
     for g in guests:
         g.ctl("balloon", "--target", "0")
     wait_balloon(args, guests, 0)
@@ -498,7 +511,8 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
     return {"bench": "advisor", "size_mib": size, "start": {
         "io": start_io, "swap": start_swap, "balloon_mib": balloon_mib},
         "advised": {"io": io, "swap": swap, "balloon_mib": target}, "advice": advice,
-        "before": before, "after": after, "ok": ok,
+        "balloons": balloons, "before": before, "after": after, "ok": ok,
+        "error": None if ok else after.get("error") or before.get("error"),
         "gain": after["ops_s"] / before["ops_s"] if ok and before["ops_s"] else None}
 
 
@@ -508,13 +522,28 @@ def mib_arg(mib):
 
 
 def wait_balloon(args, guests, target_mib, timeout=120):
+    """Waits until every guest's balloon is within 4 MiB of TARGET_MIB; each
+    guest's balloon as last seen: {actual_mib, total_mib (the guest's
+    MemTotal by its statistics, None before any)}. A balloon that did not
+    get there in TIMEOUT seconds is said, not hidden: the cell after it
+    would run in a guest of another size than the record says."""
     deadline = time.monotonic() + timeout
+    seen = []
     for g in guests:
-        while time.monotonic() < deadline:
-            info = g.ctl("balloon")
-            if isinstance(info, dict) and abs(info.get("actual_mib", 0) - target_mib) <= 4:
+        info = {}
+        while True:
+            got = g.ctl("balloon")
+            info = got if isinstance(got, dict) else {}
+            if abs(info.get("actual_mib", 0) - target_mib) <= 4 or time.monotonic() > deadline:
                 break
             time.sleep(1)
+        total = info.get("stats", {}).get("total_memory")
+        seen.append({"actual_mib": info.get("actual_mib"),
+                     "total_mib": total >> 20 if total else None})
+        if abs(info.get("actual_mib", 0) - target_mib) > 4:
+            print("    vm%d: balloon at %s MiB, not %d, after %d s" % (
+                g.n, info.get("actual_mib"), target_mib, timeout), flush=True)
+    return seen
 
 
 def overhead_runs(args, guests, tracer, mem_label):
