@@ -77,6 +77,9 @@ pub fn compile(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>
 /// and, for `on`, installs the SIGSYS handler that reports a stopped call
 /// and exits with `exit_status`. Before any thread calls [`enter`].
 pub fn init(mode: SeccompMode, exit_status: i32) -> Result<(), SandboxError> {
+    if mode != SeccompMode::Off {
+        settle_malloc_arenas();
+    }
     let mut filters = HashMap::new();
     for kind in ThreadKind::ALL {
         if let Some(program) = compile(*kind, mode)? {
@@ -89,6 +92,34 @@ pub fn init(mode: SeccompMode, exit_status: i32) -> Result<(), SandboxError> {
     SANDBOX
         .set(Sandbox { mode, filters })
         .map_err(|_| SandboxError::AlreadySet)
+}
+
+/// Fixes glibc's limit on malloc arenas now, before any filter: glibc
+/// works it out the first time a thread wants a new arena beyond the
+/// eighth, from `/sys/devices/system/cpu/online` — an `openat` from
+/// whichever thread that is, which no list allows (under `on`, a VM with a
+/// display or multi-queue disks stopped at it: docs/security.md). The
+/// limit set is glibc's own default, 8 arenas per CPU (those this
+/// process may run on).
+pub(crate) fn settle_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    {
+        // The CPUs this process may run on, from the kernel, not from a
+        // file (std's available_parallelism reads cgroup files).
+        // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
+        let cpus = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+                libc::CPU_COUNT(&set).max(1)
+            } else {
+                1
+            }
+        };
+        let arenas = cpus.saturating_mul(8);
+        // SAFETY: mallopt only sets a malloc parameter; called before the
+        // VM's threads start.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
+    }
 }
 
 /// The mode [`init`] set (`off` before it).
