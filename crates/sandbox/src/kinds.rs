@@ -219,14 +219,14 @@ impl ThreadKind {
             // poll(2) on the TCP socket and its end of the local pair.
             ThreadKind::MigrateTls => list.union(&allow::sockets(&[AF_UNIX, AF_INET, AF_INET6])?),
             // Which thread faulted is read from /proc/self/task/TID/comm;
-            // a resume over TLS makes the pump's local socket pair.
-            ThreadKind::PostcopyPages => list
-                .union(&allow::sockets(&[AF_UNIX, AF_INET, AF_INET6])?)
-                .union(&allow::read_only_opens()?)
-                .union(&allow::ioctl_type(UFFDIO)?)
-                .union(&allow::ioctl_type(KVMIO)?),
-            ThreadKind::PostcopyFaults => list
-                .union(&allow::sockets(&[AF_INET, AF_INET6])?)
+            // a resume over TLS makes the pump's local socket pair (the
+            // pages thread accepts it).
+            ThreadKind::PostcopyPages | ThreadKind::PostcopyFaults => list
+                .union(&allow::sockets(if self == ThreadKind::PostcopyPages {
+                    &[AF_UNIX, AF_INET, AF_INET6]
+                } else {
+                    &[AF_INET, AF_INET6]
+                })?)
                 .union(&allow::read_only_opens()?)
                 .union(&allow::ioctl_type(UFFDIO)?)
                 .union(&allow::ioctl_type(KVMIO)?),
