@@ -78,6 +78,13 @@ struct Line {
 }
 
 impl Line {
+    fn new() -> Line {
+        Line {
+            bytes: [0; 256],
+            len: 0,
+        }
+    }
+
     fn push(&mut self, text: &[u8]) {
         for b in text {
             if self.len < self.bytes.len() {
@@ -120,10 +127,7 @@ impl Line {
 /// The line the handler writes for call `number` with its first three
 /// arguments (an ioctl's request is the second) in a thread of `kind`.
 fn describe(kind: Option<ThreadKind>, number: i64, args: [u64; 3]) -> Line {
-    let mut line = Line {
-        bytes: [0; 256],
-        len: 0,
-    };
+    let mut line = Line::new();
     // "\r": the console may be in raw mode.
     line.push(b"\r\nhakoniwa: seccomp: the ");
     line.push(kind.map_or("unsandboxed", |k| k.name()).as_bytes());
@@ -203,10 +207,7 @@ fn path_argument(number: i64, args: [u64; 3]) -> Option<u64> {
 /// The second line for a call that names a file: the name, read from the
 /// thread's own memory where the call was to read it (at most 160 bytes).
 fn describe_path(name: impl Iterator<Item = u8>) -> Line {
-    let mut line = Line {
-        bytes: [0; 256],
-        len: 0,
-    };
+    let mut line = Line::new();
     line.push(b"hakoniwa: seccomp: the file it named: ");
     for b in name.take(160).take_while(|&b| b != 0) {
         line.push(&[b]);
