@@ -242,6 +242,14 @@ fn precopy_then_postcopy_then_hybrid_keep_the_guest_and_its_memory() {
     // copying 1 MiB/s, so the first round had not ended when `ctl
     // migrate` gave up at 300 s (rig, 2026-11-26). The precopy and
     // postcopy above, and the resume test, run over TLS.
+    //
+    // One precopy round beyond the first (--max-rounds 1): the guest's
+    // copying does not always outrun the cap in the rig (CI, 2026-11-27:
+    // 158 pages/s while the first round ran at 10 MiB/s), and then each
+    // round is shorter than the last until one is too short for the guest
+    // to dirty a page (round 4: 46 pages in 0.00 s, none dirtied) and
+    // precopy converges. The second round (the first's dirt, a fraction
+    // of a second) still finds far more than the 1 ms limit allows.
     let mut d = destination_with(port, AUTH_NONE, &s4, flags);
     let (ok, out) = migrate_with(
         &s3,
@@ -252,7 +260,7 @@ fn precopy_then_postcopy_then_hybrid_keep_the_guest_and_its_memory() {
             "--max-downtime",
             "1",
             "--max-rounds",
-            "4",
+            "1",
             "--max-bandwidth",
             "16",
             "--verify-pages",
