@@ -10,7 +10,8 @@ updates (rfb_probe), a guest initramfs read and a host program with its
 libraries appended to it (initramfs), iperf3's command line and JSON
 reports (iperf3), fio jobs as phases in the Debian guest (fio), a VMM's
 CPU time by thread kind and memory sampled at those phases (procstat),
-the results' environment section (environment),
+a migration's TLS credentials made with openssl (tlscreds), the
+results' environment section (environment),
 tables and their cells (tables), figures (plots), and the options and
 defaults for the tree's binaries and guest (options; here the tree's
 ROOT and the guest's CMDLINE).

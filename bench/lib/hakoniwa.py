@@ -79,11 +79,14 @@ def stage_deltas(before, after):
 class HkPair:
     """A source hakoniwa with a guest shell, and later its destination.
     SRC_FLAGS and DST_FLAGS are the `run` flags of each side beyond the API
-    socket and --incoming (the same machine on both)."""
+    socket and --incoming (the same machine on both). TLS: None for plain
+    TCP (`auth=none`), or a directory of credentials (lib.tlscreds) for
+    TLS 1.3 with certificates both ways (`tls=DIR`)."""
 
-    def __init__(self, hakoniwa, work, tag, src_flags, dst_flags):
+    def __init__(self, hakoniwa, work, tag, src_flags, dst_flags, tls=None):
         self.hk = hakoniwa
         self.dst_flags = dst_flags
+        self.tls = tls
         self.src_sock = os.path.join(work, "%s-src.sock" % tag)
         self.dst_sock = os.path.join(work, "%s-dst.sock" % tag)
         self.port = free_port()
@@ -95,18 +98,23 @@ class HkPair:
         if not self.src.con.wait(PROMPT_RE, 0, timeout):
             raise RuntimeError("no guest prompt: " + self.src.tails())
 
+    def address(self):
+        """The migration's address, both sides: auth=none where the soak
+        and the benchmark's plain rows measure the migration itself on the
+        loopback; tls=DIR for the benchmark's TLS rows."""
+        return "tcp:127.0.0.1:%d,%s" % (self.port,
+                                        "tls=%s" % self.tls if self.tls else "auth=none")
+
     def start_destination(self):
-        # auth=none: the benchmark and the soak measure the migration
-        # itself on the loopback (TLS rows are still to come).
-        self.dst = Proc([self.hk, "run", "--incoming", "tcp:127.0.0.1:%d,auth=none" % self.port,
+        self.dst = Proc([self.hk, "run", "--incoming", self.address(),
                          "--api-socket", self.dst_sock, *self.dst_flags],
                         "hakoniwa destination")
         if not self.dst.wait_stderr("waiting for a migration", 60):
             raise RuntimeError("the destination does not listen: " + self.dst.tails())
 
     def migrate(self, mode, extra=()):
-        hk_ctl(self.hk, self.src_sock, "migrate", "--to", "tcp:127.0.0.1:%d,auth=none" % self.port,
-               "--mode", mode, "--no-wait", *extra)
+        hk_ctl(self.hk, self.src_sock, "migrate", "--to", self.address(), "--mode", mode,
+               "--no-wait", *extra)
 
     def wait_dst_phase(self, phases, timeout):
         """Polls the destination's report (its API is up once its VM runs)."""

@@ -30,6 +30,8 @@ from lib.options import PATHS, add_path_options, exit_status  # noqa: E402
 from lib.tables import (cell, fmt_range, fmt_ratio, md_command_lines, md_context,  # noqa: E402
                         md_environment, md_table, percentile, spread, stats, text_table)
 from lib.procstat import PhaseSampler, rss_apart_from_guest, thread_cpu  # noqa: E402
+from lib.tlscreds import FILES as TLS_FILES  # noqa: E402
+from lib.tlscreds import check_credentials, describe, make_credentials  # noqa: E402
 from lib.vmm import Proc, run_to_end  # noqa: E402
 
 PY = sys.executable
@@ -160,6 +162,47 @@ def test_memtouch_lines():
     assert DIRTY_READY.search(b"hk-memtouch: ready dirty mib=128\n")
     assert DIRTY_DONE.search(b"hk-memtouch: dirtied pages=1000 seconds=1.000 "
                              b"pages_per_s=1000\n")
+
+
+def test_tls_credentials():
+    """The migration benchmark's TLS credentials: the five files, the CA's
+    key gone, and openssl's verify accepts each certificate for its
+    purpose (the server's for 127.0.0.1, not another address); a key that
+    is not its certificate's is caught."""
+    import shutil
+    import subprocess
+    import tempfile
+    if not shutil.which("openssl"):
+        print("skip test_tls_credentials: no openssl")
+        return
+    with tempfile.TemporaryDirectory() as d:
+        tls = make_credentials(os.path.join(d, "tls"))
+        assert sorted(os.listdir(tls)) == sorted(TLS_FILES)
+        for role in ("server", "client"):
+            assert os.stat(os.path.join(tls, role + "-key.pem")).st_mode & 0o077 == 0
+        check_credentials(tls)
+        r = subprocess.run(["openssl", "verify", "-CAfile", "ca-cert.pem", "server-cert.pem",
+                            "client-cert.pem"], cwd=tls, capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.count(": OK") == 2, r.stdout + r.stderr
+        r = subprocess.run(["openssl", "verify", "-CAfile", "ca-cert.pem", "-verify_ip",
+                            "127.0.0.2", "server-cert.pem"], cwd=tls, capture_output=True)
+        assert r.returncode != 0
+        r = subprocess.run(["openssl", "verify", "-CAfile", "ca-cert.pem", "-purpose",
+                            "sslserver", "client-cert.pem"], cwd=tls, capture_output=True)
+        assert r.returncode != 0
+        assert describe(tls)["key"] == "EC P-256, PKCS#8"
+        os.replace(os.path.join(tls, "client-key.pem"), os.path.join(tls, "server-key.pem"))
+        try:
+            check_credentials(tls)
+            raise AssertionError("a missing key passed")
+        except RuntimeError as e:
+            assert "client-key.pem" in str(e)
+        shutil.copy(os.path.join(tls, "server-key.pem"), os.path.join(tls, "client-key.pem"))
+        try:
+            check_credentials(tls)
+            raise AssertionError("a swapped key passed")
+        except RuntimeError as e:
+            assert "server-key.pem is not server-cert.pem's key" in str(e), e
 
 
 def test_initramfs_append():
