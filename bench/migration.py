@@ -40,7 +40,11 @@ modes  Precopy, postcopy and hybrid of the same guest, idle and under a
        after the first pass as QEMU's operator-driven hybrid) of the same
        kernel and initramfs (`-enable-kvm -cpu host`). Downtime and total
        time from each VMM's own report, beside RAM / the link bandwidth
-       measured over loopback at the start.
+       measured over loopback at the start, and the mean throughput (MiB
+       sent / total time). --auth (default none,tls) runs each mode over
+       plain TCP and over TLS 1.3 with certificates both ways (hakoniwa's
+       `tls=DIR`, QEMU's tls-creds-x509 with verify-peer), credentials
+       made with openssl once per run (lib/tlscreds.py): TLS's cost.
 
 --link-delay-ms (default 0,2) repeats the touch and web rows with the
 migration stream's loopback delayed by netem (`tc qdisc ... netem delay D`
@@ -51,10 +55,12 @@ faults waited on a network (hundreds of us on GbE). The delay makes the
 wait dominate again, as on a real link. The web clients reach the guest
 through the bridge, not lo, so only the migration stream is delayed.
 
-Writes bench/results/migration.{json,md,png}. Normally run through
+Writes bench/results/migration.{json,md,png} (--out, --name: another
+directory or name). Normally run through
 scripts/bench-migration (the test rig where there is no hardware KVM).
 `--replot JSON` rebuilds the md and png from a json without running
-anything. Needs root (TAPs, bridge, userfaultfd for QEMU).
+anything (into --out, under the JSON's name unless --name says). Needs
+root (TAPs, bridge, userfaultfd for QEMU).
 """
 
 import argparse
@@ -65,6 +71,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -86,6 +93,7 @@ from lib.options import add_path_options, exit_status  # noqa: E402
 from lib.plots import panels, save_figure  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
 from lib.tables import md_table, text_table  # noqa: E402
+from lib.tlscreds import check_credentials, describe, make_credentials  # noqa: E402
 from lib.vmm import Proc, free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,6 +108,11 @@ PARTS = ["touch", "web", "modes"]
 WORKLOADS = ["idle", "dirty", "heavy"]
 HK_MODES = ["precopy", "postcopy", "hybrid"]
 QEMU_MODES = ["precopy", "postcopy", "hybrid"]
+# The modes rows' link: plain TCP (hakoniwa's `auth=none`, QEMU's default)
+# or TLS 1.3 with certificates both ways (hakoniwa's `tls=DIR`, QEMU's
+# tls-creds-x509 with verify-peer=on), the same credentials for both.
+AUTHS = ["none", "tls"]
+LINK = {"none": "plain", "tls": "TLS 1.3"}
 
 # Seed 003's figures (10GbE, 1 vCPU / 1 GB VM, +-8 prefetch, no background
 # transfer during the measurements).
@@ -261,10 +274,11 @@ def hk_flags(args, async_pf, net=None):
     return f
 
 
-def hk_pair(args, tag, async_pf="on", src_net=None, dst_net=None):
-    """A source booted to its shell (and ended if it does not get there)."""
+def hk_pair(args, tag, async_pf="on", src_net=None, dst_net=None, tls=None):
+    """A source booted to its shell (and ended if it does not get there);
+    TLS: the credentials' directory for a TLS link, None for plain TCP."""
     pair = HkPair(args.hk, args.work, tag, hk_flags(args, async_pf, src_net),
-                  hk_flags(args, async_pf, dst_net))
+                  hk_flags(args, async_pf, dst_net), tls=tls)
     try:
         pair.wait_prompt(args.boot_timeout)
     except RuntimeError:
@@ -273,9 +287,16 @@ def hk_pair(args, tag, async_pf="on", src_net=None, dst_net=None):
     return pair
 
 
-def vm_qemu_argv(args, qmp, incoming=False):
+def vm_qemu_argv(args, qmp, incoming=False, tls=None):
+    """QEMU for the modes rows; TLS: the credentials' directory, loaded as
+    object tls0 (the destination's as the server's, verifying the
+    source's certificate; the source's as the client's)."""
+    extra = []
+    if tls:
+        extra = ["-object", "tls-creds-x509,id=tls0,dir=%s,endpoint=%s,verify-peer=on" % (
+            tls, "server" if incoming else "client")]
     return qemu_argv(args.qemu, args.kernel_copy, args.initrd_copy, CMDLINE, args.memory_mib,
-                     cpus=args.cpus, qmp=qmp, incoming=incoming)
+                     cpus=args.cpus, qmp=qmp, incoming=incoming, extra=extra)
 
 
 class LinkDelay:
@@ -762,12 +783,20 @@ def stop_workload(args, con, workload):
                            % con.tail(300))
 
 
-def hk_mode_row(args, workload, mode, serial):
-    rec = {"vmm": "hakoniwa", "workload": workload, "mode": mode, "ok": False}
-    log("modes: hakoniwa %s, %s" % (mode, workload))
+def link_mib_per_s(rec, seconds):
+    """The mean throughput of a row's migration: MiB sent over SECONDS."""
+    if rec.get("bytes") is None or not seconds:
+        return None
+    return round(rec["bytes"] / MIB / seconds, 1)
+
+
+def hk_mode_row(args, workload, mode, serial, auth="none"):
+    rec = {"vmm": "hakoniwa", "workload": workload, "mode": mode, "auth": auth, "ok": False}
+    log("modes: hakoniwa %s, %s, %s link" % (mode, workload, LINK[auth]))
     pair = None
     try:
-        pair = hk_pair(args, "mode-%d" % serial, "on")
+        pair = hk_pair(args, "mode-%d" % serial, "on",
+                       tls=args.tls_dir if auth == "tls" else None)
         start_workload(args, pair.src.con, workload)
         pair.start_destination()
         t0 = time.monotonic()
@@ -805,10 +834,11 @@ def hk_mode_row(args, workload, mode, serial):
             "report": trim_report(dst),
             "source_report": trim_report(src_last),
         })
+        rec["mib_per_s"] = link_mib_per_s(rec, (rec["total_ms"] or 0) / 1000)
         rec["ok"] = True
-        log("  downtime %.0f ms, total %.2f s, %.0f MiB sent, %s rounds%s" % (
+        log("  downtime %.0f ms, total %.2f s, %.0f MiB sent (%s MiB/s), %s rounds%s" % (
             rec["downtime_ms"] or -1, (rec["total_ms"] or 0) / 1000,
-            (rec["bytes"] or 0) / MIB, rec["rounds"],
+            (rec["bytes"] or 0) / MIB, num(rec["mib_per_s"], "%.1f"), rec["rounds"],
             (", switched: " + rec["switch_reason"]) if rec["switch_reason"] else ""))
     except Exception as e:  # noqa: BLE001
         row_failed(rec, e)
@@ -818,18 +848,19 @@ def hk_mode_row(args, workload, mode, serial):
     return rec
 
 
-def qemu_mode_row(args, workload, mode, serial):
-    rec = {"vmm": "qemu", "workload": workload, "mode": mode, "ok": False}
-    log("modes: QEMU %s, %s" % (mode, workload))
+def qemu_mode_row(args, workload, mode, serial, auth="none"):
+    rec = {"vmm": "qemu", "workload": workload, "mode": mode, "auth": auth, "ok": False}
+    log("modes: QEMU %s, %s, %s link" % (mode, workload, LINK[auth]))
+    tls = args.tls_dir if auth == "tls" else None
     src = dst = qs = qd = None
     try:
         sq = os.path.join(args.work, "q%d-src.qmp" % serial)
         dq = os.path.join(args.work, "q%d-dst.qmp" % serial)
-        src = Proc(vm_qemu_argv(args, sq), "QEMU source")
+        src = Proc(vm_qemu_argv(args, sq, tls=tls), "QEMU source")
         if not src.con.wait(PROMPT_RE, 0, args.boot_timeout):
             raise RuntimeError("no guest prompt: " + src.tails())
         start_workload(args, src.con, workload)
-        dst = Proc(vm_qemu_argv(args, dq, incoming=True), "QEMU destination")
+        dst = Proc(vm_qemu_argv(args, dq, incoming=True, tls=tls), "QEMU destination")
         qs, qd = Qmp(sq), Qmp(dq)
         post = mode in ("postcopy", "hybrid")
         port = free_port()
@@ -838,11 +869,18 @@ def qemu_mode_row(args, workload, mode, serial):
             qd.cmd("migrate-set-capabilities",
                    capabilities=caps + [{"capability": "postcopy-blocktime", "state": True}])
             qs.cmd("migrate-set-capabilities", capabilities=caps)
+        if tls:
+            # TLS both ways: the destination verifies the source's
+            # certificate (verify-peer=on), the source the destination's
+            # for the address it dials.
+            qd.cmd("migrate-set-parameters", **{"tls-creds": "tls0"})
         qd.cmd("migrate-incoming", uri="tcp:127.0.0.1:%d" % port)
         # No bandwidth cap (QEMU's default is 128 MiB/s; hakoniwa has none);
         # the downtime limit is both VMMs' default, 300 ms.
-        qs.cmd("migrate-set-parameters", **{"max-bandwidth": 100 << 30,
-                                            "downtime-limit": 300})
+        params = {"max-bandwidth": 100 << 30, "downtime-limit": 300}
+        if tls:
+            params.update({"tls-creds": "tls0", "tls-hostname": "127.0.0.1"})
+        qs.cmd("migrate-set-parameters", **params)
         t0 = time.monotonic()
         qs.cmd("migrate", uri="tcp:127.0.0.1:%d" % port)
         started_post = None
@@ -874,6 +912,7 @@ def qemu_mode_row(args, workload, mode, serial):
                         "dirty_pages_per_s_seen": max(seen) if seen else None,
                         "bytes": ram.get("transferred"), "rounds": ram.get("dirty-sync-count"),
                         "downtime_ms": None, "total_ms": None, "info": info})
+            rec["mib_per_s"] = link_mib_per_s(rec, rec["timed_out_s"])
             qs.cmd("migrate_cancel")
             rec["ok"] = True
             log("  did not converge in %.0f s (%d dirty syncs, %.0f MiB sent): cancelled" % (
@@ -910,10 +949,11 @@ def qemu_mode_row(args, workload, mode, serial):
             "info": info,
             "destination_info": dinfo,
         })
+        rec["mib_per_s"] = link_mib_per_s(rec, (rec["total_ms"] or 0) / 1000)
         rec["ok"] = True
-        log("  downtime %s ms, total %.2f s, %.0f MiB sent, %s dirty syncs" % (
+        log("  downtime %s ms, total %.2f s, %.0f MiB sent (%s MiB/s), %s dirty syncs" % (
             rec["downtime_ms"], (rec["total_ms"] or 0) / 1000, (rec["bytes"] or 0) / MIB,
-            rec["rounds"]))
+            num(rec["mib_per_s"], "%.1f"), rec["rounds"]))
     except Exception as e:  # noqa: BLE001
         row_failed(rec, e)
     finally:
@@ -926,18 +966,34 @@ def qemu_mode_row(args, workload, mode, serial):
     return rec
 
 
-def measure_link(args):
-    """TCP over L1's loopback, one stream, --link-mib MiB in 1 MiB writes."""
+def measure_link(args, tls=None):
+    """TCP over L1's loopback, one stream, --link-mib MiB in 1 MiB writes;
+    with TLS (the credentials' directory), TLS 1.3 over it with Python's
+    ssl (OpenSSL: neither VMM's TLS library, but what one stream's
+    cipher costs on this CPU), certificates both ways as the VMMs do."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
     port = srv.getsockname()[1]
+    total = args.link_mib * MIB
     got = [0]
+    sctx = cctx = None
+    if tls:
+        sctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        cctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        for ctx, role in ((sctx, "server"), (cctx, "client")):
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+            ctx.load_verify_locations(os.path.join(tls, "ca-cert.pem"))
+            ctx.load_cert_chain(os.path.join(tls, "%s-cert.pem" % role),
+                                os.path.join(tls, "%s-key.pem" % role))
+        sctx.verify_mode = ssl.CERT_REQUIRED
 
     def sink():
         c, _ = srv.accept()
+        if sctx:
+            c = sctx.wrap_socket(c, server_side=True)
         buf = bytearray(MIB)
-        while True:
+        while got[0] < total:
             n = c.recv_into(buf)
             if not n:
                 break
@@ -947,33 +1003,55 @@ def measure_link(args):
     th = threading.Thread(target=sink, daemon=True)
     th.start()
     c = socket.create_connection(("127.0.0.1", port))
+    if cctx:
+        c = cctx.wrap_socket(c, server_hostname="127.0.0.1")  # the handshake
     data = os.urandom(MIB)
     t = time.monotonic()
     for _ in range(args.link_mib):
         c.sendall(data)
-    c.shutdown(socket.SHUT_WR)
     th.join()
     secs = time.monotonic() - t
+    out = {"mib": args.link_mib, "seconds": round(secs, 3),
+           "mib_per_s": round(got[0] / MIB / secs, 1)}
+    if cctx:
+        out.update({"tls_version": c.version(), "cipher": c.cipher()[0],
+                    "library": ssl.OPENSSL_VERSION})
     c.close()
     srv.close()
-    return {"mib": args.link_mib, "seconds": round(secs, 3),
-            "mib_per_s": round(got[0] / MIB / secs, 1)}
+    return out
+
+
+def make_tls(args):
+    """The credentials of the TLS rows, once per run (lib.tlscreds), in
+    the run's work directory; what the results say about them. Ends the
+    run when openssl cannot make them."""
+    try:
+        args.tls_dir = make_credentials(os.path.join(args.work, "tls"))
+        check_credentials(args.tls_dir)
+        return describe(args.tls_dir)
+    except (OSError, RuntimeError) as e:
+        raise SystemExit("migration.py: TLS credentials: %s" % e) from None
 
 
 def part_modes(args, link):
+    """Each VMM's modes per workload, each mode once per link (--auth),
+    plain and TLS side by side."""
     rows = []
     serial = 0
+    out = {"auth": args.auth}
     for workload in args.workloads:
         for vmm in args.vmms:
             for mode in (HK_MODES if vmm == "hakoniwa" else QEMU_MODES):
-                serial += 1
-                if vmm == "hakoniwa":
-                    rows.append(hk_mode_row(args, workload, mode, serial))
-                else:
-                    rows.append(qemu_mode_row(args, workload, mode, serial))
-    return {"rows": rows, "ram_over_link_s": round(args.memory_mib / link["mib_per_s"], 2),
-            "dirty_rate_pages_per_s": args.dirty_rate,
-            "dirty_mib": args.dirty_mib}
+                for auth in args.auth:
+                    serial += 1
+                    if vmm == "hakoniwa":
+                        rows.append(hk_mode_row(args, workload, mode, serial, auth))
+                    else:
+                        rows.append(qemu_mode_row(args, workload, mode, serial, auth))
+    out.update({"rows": rows,
+                "ram_over_link_s": round(args.memory_mib / link["mib_per_s"], 2),
+                "dirty_rate_pages_per_s": args.dirty_rate, "dirty_mib": args.dirty_mib})
+    return out
 
 
 # ----------------------------------------------------------- environment --
@@ -1111,19 +1189,38 @@ def web_table(result):
     return rows
 
 
+def mode_rows(result):
+    return (result.get("modes") or {}).get("rows", [])
+
+
+def link_of(r):
+    """A modes row's link as the tables say it; rows from before the TLS
+    rows ran over plain TCP."""
+    return LINK[r.get("auth", "none")]
+
+
+def rate(r):
+    """A modes row's MiB/s; for rows from before the column, worked out
+    the same way from their bytes and total time."""
+    if r.get("mib_per_s") is not None:
+        return r["mib_per_s"]
+    if r.get("converged") is False:
+        return link_mib_per_s(r, r.get("timed_out_s"))
+    return link_mib_per_s(r, (r.get("total_ms") or 0) / 1000)
+
+
 def modes_table(result):
-    modes = result.get("modes") or {}
-    rows = [["workload", "VMM", "mode", "downtime ms", "total s", "MiB sent", "rounds / syncs",
-             "note"]]
-    for r in modes.get("rows", []):
+    rows = [["workload", "VMM", "mode", "link", "downtime ms", "total s", "MiB sent", "MiB/s",
+             "rounds / syncs", "note"]]
+    for r in mode_rows(result):
+        head = [r["workload"], r["vmm"], r["mode"], link_of(r)]
         if not r.get("ok"):
-            rows.append([r["workload"], r["vmm"], r["mode"], "-", "-", "-", "-",
-                         "failed: " + r.get("error", "")[:120]])
+            rows.append(head + ["-", "-", "-", "-", "-", "failed: " + r.get("error", "")[:120]])
             continue
         if r.get("converged") is False:
-            rows.append([r["workload"], r["vmm"], r["mode"], "-", "-",
-                         num((r["bytes"] or 0) / MIB, "%.0f"), str(r.get("rounds")),
-                         "did not converge: cancelled after %s s" % r.get("timed_out_s")])
+            rows.append(head + ["-", "-", num((r["bytes"] or 0) / MIB, "%.0f"),
+                                num(rate(r), "%.1f"), str(r.get("rounds")),
+                                "did not converge: cancelled after %s s" % r.get("timed_out_s")])
             continue
         note = r.get("switch_reason") or ""
         if r["vmm"] == "qemu" and r["mode"] == "hybrid":
@@ -1136,10 +1233,46 @@ def modes_table(result):
         if r.get("dirty_pages_per_s_seen"):
             note += "%sdirty rate seen by the VMM up to %d pages/s" % (
                 "; " if note else "", r["dirty_pages_per_s_seen"])
-        rows.append([r["workload"], r["vmm"], r["mode"], num(r["downtime_ms"], "%.0f"),
-                     num((r["total_ms"] or 0) / 1000), num((r["bytes"] or 0) / MIB, "%.0f"),
-                     str(r.get("rounds")), note])
+        rows.append(head + [num(r["downtime_ms"], "%.0f"), num((r["total_ms"] or 0) / 1000),
+                            num((r["bytes"] or 0) / MIB, "%.0f"),
+                            num(rate(r), "%.1f"), str(r.get("rounds")), note])
     return rows
+
+
+def ratio(a, b):
+    """a / b, or None where either is missing or b is 0."""
+    return a / b if a is not None and b else None
+
+
+def tls_ratios(result):
+    """For each VMM, workload and mode with a plain and a TLS row, both
+    finished: TLS / plain of downtime, total time and throughput, in the
+    rows' order: [(vmm, workload, mode, downtime, total, throughput)]
+    (None where a figure is missing: a precopy that did not converge)."""
+    plain = {(r["vmm"], r["workload"], r["mode"]): r for r in mode_rows(result)
+             if r.get("ok") and r.get("auth", "none") == "none"}
+    out = []
+    for r in mode_rows(result):
+        p = plain.get((r["vmm"], r["workload"], r["mode"]))
+        if r.get("auth") != "tls" or not r.get("ok") or not p:
+            continue
+        out.append((r["vmm"], r["workload"], r["mode"], ratio(r["downtime_ms"], p["downtime_ms"]),
+                    ratio(r["total_ms"], p["total_ms"]),
+                    ratio(rate(r), rate(p))))
+    return out
+
+
+def tls_reading(result):
+    """One line per VMM and workload: the TLS / plain ratios per mode."""
+    out = []
+    groups = {}
+    for vmm, workload, mode, down, total, thr in tls_ratios(result):
+        groups.setdefault((vmm, workload), []).append(
+            "%s %s / %s / %s" % (mode, num(down), num(total), num(thr)))
+    for (vmm, workload), parts in groups.items():
+        out.append("- TLS / plain, %s, %s (downtime / total time / throughput): %s." % (
+            vmm, workload, "; ".join(parts)))
+    return out
 
 
 def write_md(path, result):
@@ -1233,7 +1366,8 @@ def write_md(path, result):
             L.append("")
     if (result.get("modes") or {}).get("rows"):
         m = result["modes"]
-        L.append("## Precopy, postcopy, hybrid: hakoniwa and QEMU")
+        L.append("## Precopy, postcopy, hybrid: hakoniwa and QEMU%s" % (
+            ", plain and TLS" if any(r.get("auth") == "tls" for r in mode_rows(result)) else ""))
         L.append("")
         L.append("Same guest, same kernel and initramfs under both VMMs (QEMU: `-M pc "
                  "-enable-kvm -cpu host`, no devices). Workloads: *idle* (a shell); *dirty*: "
@@ -1252,6 +1386,8 @@ def write_md(path, result):
                      a["dirty_rate"] * 4096 / MIB, a["qemu_precopy_timeout"],
                      m.get("ram_over_link_s")))
         L.append("")
+        L.append(modes_link_text(result))
+        L.append("")
         L.append(md_table(modes_table(result)))
         L.append("")
     text = reading(result)
@@ -1260,7 +1396,7 @@ def write_md(path, result):
         L.append("")
         L.extend(text)
         L.append("")
-    L.append("![figure](migration.png)")
+    L.append("![figure](%s)" % (os.path.splitext(os.path.basename(path))[0] + ".png"))
     L.append("")
     L.append("## Environment")
     L.append("")
@@ -1281,9 +1417,33 @@ def write_md(path, result):
         f.write("\n".join(L))
 
 
+def modes_link_text(result):
+    """What the modes table's *link* and *MiB/s* columns say."""
+    text = ("*MiB/s*: MiB sent / total time, the mean rate of the whole migration (of a "
+            "precopy that did not converge, until it was cancelled). *link*: ")
+    if not any(r.get("auth") == "tls" for r in mode_rows(result)):
+        return text + "plain TCP over the loopback (hakoniwa's `auth=none`)."
+    tls = result.get("tls") or {}
+    text += ("*plain* is TCP over the loopback (hakoniwa's `auth=none`, QEMU without "
+             "`tls-creds`); *TLS 1.3* the same with TLS and certificates both ways, one "
+             "private CA and keys (%s, %s) made with `openssl` for the run "
+             "(bench/lib/tlscreds.py): hakoniwa's `tls=DIR` on both sides (rustls, "
+             "docs/migration.md), QEMU's `-object tls-creds-x509,dir=DIR,endpoint=server"
+             "|client,verify-peer=on` with `migrate-set-parameters tls-creds=tls0` on both "
+             "sides and `tls-hostname=127.0.0.1` on the source (GnuTLS)." % (
+                 tls.get("key", "EC P-256"), tls.get("signature", "ECDSA")))
+    tl, pl = result.get("link_tls") or {}, result.get("link") or {}
+    if tl.get("mib_per_s"):
+        text += (" For scale: one TLS stream of Python's ssl (%s, %s, %s) moved %s MiB/s over "
+                 "the same loopback, plain TCP %s MiB/s (%s MiB each, before the rows)." % (
+                     tl.get("library"), tl.get("tls_version"), tl.get("cipher"),
+                     tl["mib_per_s"], pl.get("mib_per_s"), tl.get("mib")))
+    return text
+
+
 def reading(result):
     """Sentences derived from the numbers (no hand-written figures)."""
-    out = []
+    out = list(tls_reading(result))
     on, off = find_touch(result, "on", "off"), find_touch(result, "off", "off")
     for d in sorted({r.get("delay_ms", 0) for r in touch_rows(result)} - {0}):
         a, b = find_touch(result, "on", "off", d), find_touch(result, "off", "off", d)
@@ -1330,7 +1490,99 @@ def reading(result):
 
 # ----------------------------------------------------------------- plot ----
 
+# The modes bars: each VMM's colour, lighter over TLS.
+MODE_COLORS = {("hakoniwa", "none"): "#1f77b4", ("hakoniwa", "tls"): "#8fbce6",
+               ("qemu", "none"): "#ff7f0e", ("qemu", "tls"): "#ffc58f"}
+
+
+def mode_color(r):
+    return MODE_COLORS[(r["vmm"], r.get("auth", "none"))]
+
+
+def color_key(a, result, extra=()):
+    """A legend of the VMM and link colours present, after EXTRA's
+    handles (the panel's own lines)."""
+    from matplotlib.patches import Patch
+    seen = {(r["vmm"], r.get("auth", "none")) for r in mode_rows(result)}
+    handles = list(extra) + [
+        Patch(color=MODE_COLORS[k], label="%s, %s" % ("hakoniwa" if k[0] == "hakoniwa" else "QEMU",
+                                                      LINK[k[1]]))
+        for k in MODE_COLORS if k in seen]
+    a.legend(handles=handles, fontsize=7)
+
+
+def mode_labels(rows):
+    return ["%s\n%s\n%s%s" % (r["workload"], "hk" if r["vmm"] == "hakoniwa" else "QEMU",
+                              r["mode"], "\nTLS" if r.get("auth") == "tls" else "")
+            for r in rows]
+
+
+def mark_unfinished(a, rows):
+    """A word at the foot of each row's place that has no bar."""
+    for i, r in enumerate(rows):
+        what = ("failed" if not r.get("ok") else
+                "no convergence" if r.get("converged") is False else None)
+        if what:
+            a.text(i, 0.02, what, ha="center", va="bottom", color="r", fontsize=6,
+                   rotation=90, transform=a.get_xaxis_transform())
+
+
+def plot_mode_times(a, result):
+    """The modes rows' total time (solid) and downtime (hatched)."""
+    mrows = mode_rows(result)
+    x = list(range(len(mrows)))
+    tot = [(r.get("total_ms") or 0) / 1000 if r.get("ok") else 0 for r in mrows]
+    down = [(r.get("downtime_ms") or 0) / 1000 if r.get("ok") else 0 for r in mrows]
+    col = [mode_color(r) for r in mrows]
+    a.bar([i - 0.2 for i in x], tot, 0.4, color=col)
+    a.bar([i + 0.2 for i in x], down, 0.4, color=col, alpha=0.5, hatch="//")
+    mark_unfinished(a, mrows)
+    lim = (result.get("modes") or {}).get("ram_over_link_s")
+    lines = []
+    if lim:
+        lines.append(a.axhline(lim, color="k", lw=0.8, ls="--",
+                               label="RAM / link (%.1f s)" % lim))
+    a.set_xticks(x, mode_labels(mrows), fontsize=6)
+    a.set_yscale("symlog", linthresh=0.1)
+    a.set_ylabel("seconds")
+    a.set_title("precopy / postcopy / hybrid: total (solid) and downtime (hatched)")
+    color_key(a, result, lines)
+
+
+def plot_mode_rates(a, result):
+    """The modes rows' mean throughput (MiB sent / total time), beside one
+    stream's over the same loopback, plain and TLS."""
+    mrows = mode_rows(result)
+    x = list(range(len(mrows)))
+    a.bar(x, [(rate(r) or 0) if r.get("ok") else 0 for r in mrows], 0.6,
+          color=[mode_color(r) for r in mrows])
+    mark_unfinished(a, mrows)
+    lines = []
+    for key, ls, what in (("link", "--", "one TCP stream"),
+                          ("link_tls", ":", "one TLS 1.3 stream (Python ssl)")):
+        v = (result.get(key) or {}).get("mib_per_s")
+        if v:
+            lines.append(a.axhline(v, color="k", lw=0.8, ls=ls,
+                                   label="%s: %.0f MiB/s" % (what, v)))
+    a.set_xticks(x, mode_labels(mrows), fontsize=6)
+    a.set_yscale("log")
+    a.set_ylabel("MiB sent / total time, MiB/s")
+    a.set_title("mean migration throughput (MiB sent / total time)")
+    color_key(a, result, lines)
+
+
 def plot(path, result):
+    if not touch_rows(result) and not web_rows(result):
+        # Only the modes (a run of --parts modes): their two panels.
+        if not mode_rows(result):
+            return None
+        fig, ax = panels(2, 1, (max(10, 0.5 * len(mode_rows(result))), 10))
+        if fig is None:
+            return None
+        plot_mode_times(ax[0], result)
+        plot_mode_rates(ax[1], result)
+        save_figure(fig, path, 90)
+        return path
     fig, ax = panels(3, 2, (15, 14))
     if fig is None:
         return None
@@ -1425,31 +1677,8 @@ def plot(path, result):
         ax[4].legend(fontsize=7)
 
     # (f) modes: downtime and total time.
-    mrows = [r for r in (result.get("modes") or {}).get("rows", [])]
-    if mrows:
-        labels = ["%s\n%s\n%s" % (r["workload"], "hk" if r["vmm"] == "hakoniwa" else "QEMU",
-                                  r["mode"]) for r in mrows]
-        x = list(range(len(mrows)))
-        tot = [(r.get("total_ms") or 0) / 1000 if r.get("ok") else 0 for r in mrows]
-        down = [(r.get("downtime_ms") or 0) / 1000 if r.get("ok") else 0 for r in mrows]
-        col = ["C0" if r["vmm"] == "hakoniwa" else "C1" for r in mrows]
-        ax[5].bar([i - 0.2 for i in x], tot, 0.4, color=col, label="total time")
-        ax[5].bar([i + 0.2 for i in x], down, 0.4, color=col, alpha=0.5, hatch="//",
-                  label="downtime")
-        for i, r in enumerate(mrows):
-            if not r.get("ok"):
-                ax[5].text(i, 0.05, "failed", ha="center", color="r", fontsize=6, rotation=90)
-            elif r.get("converged") is False:
-                ax[5].text(i, 0.05, "no convergence", ha="center", color="r", fontsize=6,
-                           rotation=90)
-        lim = (result.get("modes") or {}).get("ram_over_link_s")
-        if lim:
-            ax[5].axhline(lim, color="k", lw=0.8, ls="--", label="RAM / link (%.1f s)" % lim)
-        ax[5].set_xticks(x, labels, fontsize=6)
-        ax[5].set_yscale("symlog", linthresh=0.1)
-        ax[5].set_ylabel("seconds (blue hakoniwa, orange QEMU)")
-        ax[5].set_title("precopy / postcopy / hybrid: total (solid) and downtime (hatched)")
-        ax[5].legend(fontsize=7)
+    if mode_rows(result):
+        plot_mode_times(ax[5], result)
     save_figure(fig, path, 90)
     return path
 
@@ -1494,6 +1723,10 @@ def main():
     p.add_argument("--web-after", type=int, default=45,
                    help="seconds of load after it (default 45)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--auth", default=",".join(AUTHS),
+                   help="the modes rows' link, each mode once per value: none (plain TCP), "
+                        "tls (TLS 1.3, certificates both ways; made with openssl for the "
+                        "run), comma-separated (default none,tls)")
     p.add_argument("--vmms", default="hakoniwa,qemu")
     p.add_argument("--dirty-mib", type=int, default=256)
     p.add_argument("--dirty-rate", type=int, default=6400,
@@ -1506,9 +1739,13 @@ def main():
     add_path_options(p, "kernel", "initramfs", "hakoniwa", "qemu")
     p.add_argument("--siege", default="siege")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    p.add_argument("--name", help="the results' file name without .json/.md/.png (default "
+                                  "migration; with --replot, the JSON's own name)")
     p.add_argument("--replot", metavar="JSON",
-                   help="rebuild migration.md and .png from JSON; run nothing")
+                   help="rebuild NAME.md and .png in --out from JSON; run nothing")
     args = p.parse_args()
+    if args.name is not None and (not args.name or "/" in args.name):
+        sys.exit("migration.py: --name: a file name without a directory")
 
     if args.replot:
         try:
@@ -1516,10 +1753,12 @@ def main():
                 result = json.load(f)
         except (OSError, ValueError) as e:
             sys.exit("migration.py: --replot %s: %s" % (args.replot, e))
-        write_md(os.path.join(args.out, "migration.md"), result)
-        plot(os.path.join(args.out, "migration.png"), result)
-        print("wrote %s/migration.{md,png}" % os.path.relpath(args.out, ROOT))
+        name = args.name or os.path.splitext(os.path.basename(args.replot))[0]
+        write_md(os.path.join(args.out, name + ".md"), result)
+        plot(os.path.join(args.out, name + ".png"), result)
+        print("wrote %s/%s.{md,png}" % (os.path.relpath(args.out, ROOT), name))
         return 0
+    name = args.name or "migration"
 
     args.parts = parse_list(args.parts, PARTS, "--parts")
     args.async_pf = parse_list(args.async_pf, ["on", "off"], "--async-pf")
@@ -1527,6 +1766,8 @@ def main():
                                        "--touch-background")
     args.web_background = parse_list(args.web_background, ["on", "off"], "--web-background")
     args.workloads = parse_list(args.workloads, WORKLOADS, "--workloads")
+    args.auth = parse_list(args.auth, AUTHS, "--auth")
+    args.tls_dir = None
     try:
         args.link_delay_ms = [int(x) for x in args.link_delay_ms.split(",") if x.strip()]
     except ValueError:
@@ -1545,6 +1786,9 @@ def main():
     args.siege_path = shutil.which(args.siege)
     if "modes" in args.parts and "qemu" in args.vmms and not args.qemu_path:
         sys.exit("migration.py: %s not found (apt-get install qemu-system-x86)" % args.qemu)
+    if "modes" in args.parts and "tls" in args.auth and not shutil.which("openssl"):
+        sys.exit("migration.py: openssl not found (apt-get install openssl; the TLS rows' "
+                 "credentials)")
     if "web" in args.parts and not args.siege_path:
         sys.exit("migration.py: %s not found (apt-get install siege)" % args.siege)
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
@@ -1568,7 +1812,7 @@ def main():
               "command": "scripts/bench-migration" + "".join(" " + x for x in sys.argv[1:]),
               "environment": env, "paper": PAPER}
     os.makedirs(args.out, exist_ok=True)
-    jpath = os.path.join(args.out, "migration.json")
+    jpath = os.path.join(args.out, name + ".json")
 
     def save(partial):
         # After each part too: a run cut short (the rig's L1 can die)
@@ -1583,11 +1827,21 @@ def main():
         result["link"] = link
         log("link: %.1f MiB/s over loopback (%d MiB); RAM / link = %.1f s" % (
             link["mib_per_s"], link["mib"], args.memory_mib / link["mib_per_s"]))
+        if "modes" in args.parts and "tls" in args.auth:
+            result["tls"] = make_tls(args)
+            try:
+                tl = result["link_tls"] = measure_link(args, args.tls_dir)
+                log("link over TLS: %.1f MiB/s (%s, %s; Python ssl, %s)" % (
+                    tl["mib_per_s"], tl["tls_version"], tl["cipher"], tl["library"]))
+            except (OSError, ssl.SSLError) as e:
+                # Only the figure for scale: the rows go on without it.
+                result["link_tls"] = {"error": str(e)}
+                log("link over TLS: not measured: %s" % e)
         result["parameters"] = {k: getattr(args, k) for k in (
             "cpus", "memory_mib", "prefetch", "touch_threads", "touch_mib", "touch_stride",
             "touch_marks", "web_files", "web_file_kb", "web_tmpfs_mib", "web_clients",
             "web_before", "web_after", "dirty_mib", "dirty_rate", "link_delay_ms",
-            "qemu_precopy_timeout", "row_timeout")}
+            "qemu_precopy_timeout", "row_timeout", "auth")}
         if "touch" in args.parts:
             result["touch"] = part_touch(args)
             result["touch"]["command"] = memtouch_cmd(args)
@@ -1603,8 +1857,8 @@ def main():
     finally:
         shutil.rmtree(args.work, ignore_errors=True)
     save(False)
-    write_md(os.path.join(args.out, "migration.md"), result)
-    png = plot(os.path.join(args.out, "migration.png"), result)
+    write_md(os.path.join(args.out, name + ".md"), result)
+    png = plot(os.path.join(args.out, name + ".png"), result)
 
     print()
     print("Context: %s." % env["note"])
@@ -1626,13 +1880,15 @@ def main():
         print("precopy / postcopy / hybrid (RAM / link = %s s):" % result["modes"][
             "ram_over_link_s"])
         print(text_table(modes_table(result)))
+        for line in tls_reading(result):
+            print(line)
     print()
-    print("wrote %s, migration.md%s (%.0f s)" % (os.path.relpath(jpath, ROOT),
-                                                 ", migration.png" if png else "",
+    print("wrote %s, %s.md%s (%.0f s)" % (os.path.relpath(jpath, ROOT), name,
+                                          ", %s.png" % name if png else "",
                                                  result["total_s"]))
     failed = sum(1 for part in ("touch", "web", "modes")
                  for r in (result.get(part) or {}).get("rows", []) if not r.get("ok"))
-    return exit_status("migration.py", failed, "row(s)", "migration.json")
+    return exit_status("migration.py", failed, "row(s)", name + ".json")
 
 
 if __name__ == "__main__":
