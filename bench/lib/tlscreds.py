@@ -7,22 +7,30 @@ Keys are EC P-256 in unencrypted PKCS#8 ("BEGIN PRIVATE KEY", what
 OpenSSL 3 writes), which rustls and QEMU's GnuTLS both accept. The
 certificates carry what both check: the CA basicConstraints CA:TRUE and
 keyCertSign; the end entities CA:FALSE, digitalSignature and
-keyEncipherment, the serverAuth / clientAuth purpose, and the address the source dials as an
-IP subjectAltName (the server's; GnuTLS and rustls check no name in a
-client's, the client gets it anyway).
+keyEncipherment, the serverAuth / clientAuth purpose, and the address
+the source dials as an IP subjectAltName (the server's; GnuTLS and
+rustls check no name in a client's, the client gets it anyway).
 
 keyEncipherment means nothing for an EC key (no RSA key exchange), but
 QEMU (crypto/tlscredsx509.c) refuses a certificate whose critical key
 usage lacks it: "Certificate .../server-cert.pem usage does not permit
 key encipherment", at `-object tls-creds-x509`, before any handshake.
-rustls ignores the key usage."""
+rustls ignores the key usage.
+
+dh-params.pem (RFC 7919's ffdhe2048, a named group: no prime search) is
+for QEMU's server endpoint only: without it, QEMU 10.0 generates 2048-bit
+DH parameters (gnutls_dh_params_generate2, crypto/tlscreds.c) each time
+it creates the object, before its QMP socket is up: 0.2-0.9 s natively
+on this machine (0.04 s with the file), and in the rig, while the source
+guest dirtied memory, TLS destinations had no QMP socket after 60 s. TLS
+1.3 with ECDHE never uses them; hakoniwa does not read the file."""
 
 import os
 import secrets
 import subprocess
 
 FILES = ("ca-cert.pem", "server-cert.pem", "server-key.pem", "client-cert.pem",
-         "client-key.pem")
+         "client-key.pem", "dh-params.pem")
 
 # OpenSSL's config for the three certificates: only what is asked for,
 # nothing from the system's openssl.cnf.
@@ -63,8 +71,9 @@ def _openssl(openssl, *argv, cwd):
 
 
 def make_credentials(directory, ip="127.0.0.1", days=2, openssl="openssl"):
-    """Writes ca-cert.pem, server-cert.pem + server-key.pem and
-    client-cert.pem + client-key.pem into DIRECTORY (made if missing),
+    """Writes ca-cert.pem, server-cert.pem + server-key.pem,
+    client-cert.pem + client-key.pem and dh-params.pem (for QEMU) into
+    DIRECTORY (made if missing),
     valid DAYS days from now, the server's certificate for IP; the CA's
     key and the requests are removed. Returns DIRECTORY. Raises
     RuntimeError with openssl's words when a step fails."""
@@ -86,6 +95,8 @@ def make_credentials(directory, ip="127.0.0.1", days=2, openssl="openssl"):
                      "-days", str(days), "-sha256", "-extfile", cnf, "-extensions", role,
                      "-out", "%s-cert.pem" % role, cwd=directory)
             os.chmod(os.path.join(directory, "%s-key.pem" % role), 0o600)
+        _openssl(openssl, "genpkey", "-genparam", "-algorithm", "DH", "-pkeyopt",
+                 "group:ffdhe2048", "-out", "dh-params.pem", cwd=directory)
     finally:
         for name in tmp:
             try:
@@ -107,6 +118,7 @@ def check_credentials(directory, ip="127.0.0.1", openssl="openssl"):
              "-verify_ip", ip, "server-cert.pem", cwd=directory)
     _openssl(openssl, "verify", "-CAfile", "ca-cert.pem", "-purpose", "sslclient",
              "client-cert.pem", cwd=directory)
+    _openssl(openssl, "pkeyparam", "-noout", "-in", "dh-params.pem", cwd=directory)
     for role in ("server", "client"):
         a = _openssl(openssl, "x509", "-noout", "-pubkey", "-in", "%s-cert.pem" % role,
                      cwd=directory)
