@@ -91,6 +91,7 @@ from lib.memtouch import (DIRTY_DONE, DIRTY_READY, TOUCH_DONE,  # noqa: E402
                           TOUCH_GUEST, TOUCH_READY, TOUCH_THREAD)
 from lib.options import add_path_options, exit_status  # noqa: E402
 from lib.plots import panels, save_figure  # noqa: E402
+from lib.procstat import busy_seconds, cpu_by_thread, cpu_delta  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
 from lib.tables import md_table, text_table  # noqa: E402
 from lib.tlscreds import check_credentials, describe, make_credentials  # noqa: E402
@@ -334,7 +335,9 @@ def row_failed(rec, e, pair=None):
     for side in ("src", "dst"):
         p = getattr(pair, side, None) if pair else None
         if p:
-            rec["error"] += "\n%s: %s" % (p.name, p.tails())
+            rec["error"] += "\n%s%s: %s" % (
+                p.name, "" if p.alive() else " (exited, status %s)" % p.proc.returncode,
+                p.tails())
     log("  FAILED:", rec["error"][:600])
 
 
@@ -790,6 +793,36 @@ def link_mib_per_s(rec, seconds):
     return round(rec["bytes"] / MIB / seconds, 1)
 
 
+class RowCpu:
+    """CPU seconds by thread of a modes row's source and destination from
+    the migration command on (the source sampled at most every second
+    while it runs: it ends soon after completing), and how busy L1's CPUs
+    were meanwhile: where a slow link's time goes (a TLS pump, the
+    migration thread, the guest)."""
+
+    def __init__(self, src_pid):
+        self.src_pid = src_pid
+        self.src0 = cpu_by_thread(src_pid)
+        self.src = self.src0
+        self.busy0 = busy_seconds()
+        self.t = time.monotonic()
+
+    def tick(self):
+        if time.monotonic() - self.t >= 1:
+            self.src = cpu_by_thread(self.src_pid) or self.src
+            self.t = time.monotonic()
+
+    def record(self, rec, dst_pid):
+        """Into REC: "cpu_s" (source, destination: {thread: s}) and
+        "l1_busy" (busy share of L1's CPU time since the command)."""
+        self.src = cpu_by_thread(self.src_pid) or self.src
+        busy = busy_seconds()
+        rec["cpu_s"] = {"source": cpu_delta(self.src0, self.src),
+                        "destination": cpu_delta({}, cpu_by_thread(dst_pid)) if dst_pid else None}
+        span = busy[1] - self.busy0[1]
+        rec["l1_busy"] = round((busy[0] - self.busy0[0]) / span, 3) if span > 0 else None
+
+
 def hk_mode_row(args, workload, mode, serial, auth="none"):
     rec = {"vmm": "hakoniwa", "workload": workload, "mode": mode, "auth": auth, "ok": False}
     log("modes: hakoniwa %s, %s, %s link" % (mode, workload, LINK[auth]))
@@ -799,6 +832,7 @@ def hk_mode_row(args, workload, mode, serial, auth="none"):
                        tls=args.tls_dir if auth == "tls" else None)
         start_workload(args, pair.src.con, workload)
         pair.start_destination()
+        cpu = RowCpu(pair.src.proc.pid)
         t0 = time.monotonic()
         pair.migrate(mode)
         src_last = None
@@ -810,11 +844,26 @@ def hk_mode_row(args, workload, mode, serial, auth="none"):
                 src_last = r
                 if r.get("phase") in ("completed", "failed"):
                     break
+            cpu.tick()
             time.sleep(0.1)
         if src_last and src_last.get("phase") == "failed":
             raise RuntimeError("migration failed: %s" % src_last.get("error"))
+        if pair.src.alive() and (src_last or {}).get("phase") != "completed":
+            # Not done within --row-timeout: say how far it got.
+            cpu.record(rec, pair.dst.proc.pid)
+            rec["source_report"] = trim_report(src_last)
+            s = src_last or {}
+            raise RuntimeError(
+                "not completed within --row-timeout %d s: the source in phase %s, round %s, "
+                "%.0f MiB sent (%.1f MiB/s), %s pages left; CPU s since the command: "
+                "source %s, destination %s; L1 busy %s" % (
+                    args.row_timeout, s.get("phase"), s.get("rounds"),
+                    (s.get("bytes") or 0) / MIB, (s.get("bytes") or 0) / MIB / args.row_timeout,
+                    s.get("remaining_pages"), top_threads(rec["cpu_s"]["source"]),
+                    top_threads(rec["cpu_s"]["destination"]), rec["l1_busy"]))
         dst = pair.wait_dst_phase(("completed",), max(10, deadline - time.monotonic()))
         rec["wall_s"] = round(time.monotonic() - t0, 2)
+        cpu.record(rec, pair.dst.proc.pid)
         stop_workload(args, pair.dst.con, workload)
         rounds = [x["dirty_pages_per_s"] for x in (src_last or {}).get("round_log", [])]
         rec["dirty_pages_per_s_seen"] = round(max(rounds)) if rounds else None
@@ -841,7 +890,7 @@ def hk_mode_row(args, workload, mode, serial, auth="none"):
             (rec["bytes"] or 0) / MIB, num(rec["mib_per_s"], "%.1f"), rec["rounds"],
             (", switched: " + rec["switch_reason"]) if rec["switch_reason"] else ""))
     except Exception as e:  # noqa: BLE001
-        row_failed(rec, e)
+        row_failed(rec, e, pair)
     finally:
         if pair:
             pair.close()
@@ -861,7 +910,7 @@ def qemu_mode_row(args, workload, mode, serial, auth="none"):
             raise RuntimeError("no guest prompt: " + src.tails())
         start_workload(args, src.con, workload)
         dst = Proc(vm_qemu_argv(args, dq, incoming=True, tls=tls), "QEMU destination")
-        qs, qd = Qmp(sq), Qmp(dq)
+        qs, qd = Qmp(sq, alive=src.alive), Qmp(dq, alive=dst.alive)
         post = mode in ("postcopy", "hybrid")
         port = free_port()
         caps = [{"capability": "postcopy-ram", "state": True}] if post else []
@@ -881,6 +930,7 @@ def qemu_mode_row(args, workload, mode, serial, auth="none"):
         if tls:
             params.update({"tls-creds": "tls0", "tls-hostname": "127.0.0.1"})
         qs.cmd("migrate-set-parameters", **params)
+        cpu = RowCpu(src.proc.pid)
         t0 = time.monotonic()
         qs.cmd("migrate", uri="tcp:127.0.0.1:%d" % port)
         started_post = None
@@ -903,7 +953,9 @@ def qemu_mode_row(args, workload, mode, serial, auth="none"):
                 started_post = round(time.monotonic() - t0, 2)
             if time.monotonic() > deadline:
                 break
+            cpu.tick()
             time.sleep(0.1)
+        cpu.record(rec, dst.proc.pid)
         if info.get("status") not in ("completed", "failed", "cancelled"):
             # Precopy that does not converge: QEMU would go on for ever (it
             # has no round limit). A result, not a failure of the run.
@@ -915,7 +967,8 @@ def qemu_mode_row(args, workload, mode, serial, auth="none"):
             rec["mib_per_s"] = link_mib_per_s(rec, rec["timed_out_s"])
             qs.cmd("migrate_cancel")
             rec["ok"] = True
-            log("  did not converge in %.0f s (%d dirty syncs, %.0f MiB sent): cancelled" % (
+            log("  %s in %.0f s (%d dirty syncs, %.0f MiB sent): cancelled" % (
+                "first pass not done" if mode == "hybrid" else "did not converge",
                 rec["timed_out_s"], rec["rounds"] or 0, (rec["bytes"] or 0) / MIB))
             return rec
         rec["wall_s"] = round(time.monotonic() - t0, 2)
@@ -955,7 +1008,7 @@ def qemu_mode_row(args, workload, mode, serial, auth="none"):
             rec["downtime_ms"], (rec["total_ms"] or 0) / 1000, (rec["bytes"] or 0) / MIB,
             num(rec["mib_per_s"], "%.1f"), rec["rounds"]))
     except Exception as e:  # noqa: BLE001
-        row_failed(rec, e)
+        row_failed(rec, e, argparse.Namespace(src=src, dst=dst))
     finally:
         for q in (qs, qd):
             if q:
@@ -1218,9 +1271,11 @@ def modes_table(result):
             rows.append(head + ["-", "-", "-", "-", "-", "failed: " + r.get("error", "")[:120]])
             continue
         if r.get("converged") is False:
+            what = ("the first pass not done (no postcopy yet)"
+                    if r["vmm"] == "qemu" and r["mode"] == "hybrid" else "did not converge")
             rows.append(head + ["-", "-", num((r["bytes"] or 0) / MIB, "%.0f"),
                                 num(rate(r), "%.1f"), str(r.get("rounds")),
-                                "did not converge: cancelled after %s s" % r.get("timed_out_s")])
+                                "%s: cancelled after %s s" % (what, r.get("timed_out_s"))])
             continue
         note = r.get("switch_reason") or ""
         if r["vmm"] == "qemu" and r["mode"] == "hybrid":
@@ -1237,6 +1292,32 @@ def modes_table(result):
                             num((r["bytes"] or 0) / MIB, "%.0f"),
                             num(rate(r), "%.1f"), str(r.get("rounds")), note])
     return rows
+
+
+def top_threads(cpu, n=3):
+    """The N threads with the most CPU seconds of a cpu_by_thread delta
+    and the process's sum: "12.3 (migrate-tls 8.0, vcpuN 2.1, ...)"."""
+    if not cpu:
+        return "-"
+    top = sorted(cpu.items(), key=lambda kv: -kv[1])[:n]
+    return "%.1f (%s)" % (sum(cpu.values()), ", ".join("%s %.1f" % kv for kv in top))
+
+
+def cpu_table(result):
+    """Per modes row with CPU figures: L1 busy and each side's CPU seconds
+    by thread from the migration command on; None when no row has them."""
+    rows = [["workload", "VMM", "mode", "link", "total s", "L1 busy",
+             "source CPU s (top threads)", "destination CPU s (top threads)"]]
+    for r in mode_rows(result):
+        c = r.get("cpu_s")
+        if not c:
+            continue
+        total = (r.get("total_ms") or 0) / 1000 if r.get("total_ms") else r.get("timed_out_s")
+        rows.append([r["workload"], r["vmm"], r["mode"], link_of(r),
+                     num(total) if total else ("failed" if not r.get("ok") else "-"),
+                     num(r.get("l1_busy")), top_threads(c.get("source")),
+                     top_threads(c.get("destination"))])
+    return rows if len(rows) > 1 else None
 
 
 def ratio(a, b):
@@ -1390,6 +1471,17 @@ def write_md(path, result):
         L.append("")
         L.append(md_table(modes_table(result)))
         L.append("")
+        ct = cpu_table(result)
+        if ct:
+            L.append("Where the time went: CPU seconds of each VMM process by thread (digits "
+                     "as N) from the migration command to the end (the source sampled every "
+                     "second until it ended; threads that ended before are missing), and "
+                     "the share of L1's CPU time that was busy meanwhile (any process in L1, "
+                     "which has one vCPU; other rigs on the machine slow L1 down but do not "
+                     "show here). hakoniwa's TLS pump is `migrate-tls`.")
+            L.append("")
+            L.append(md_table(ct))
+            L.append("")
     text = reading(result)
     if text:
         L.append("## Reading")

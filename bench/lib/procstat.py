@@ -44,6 +44,46 @@ def _stat_ticks(stat):
     return int(fields[11]) + int(fields[12])
 
 
+def cpu_by_thread(pid):
+    """{thread name with its digits as N: CPU seconds, user + system,
+    summed over the threads of that name alive now} of process PID (e.g.
+    hakoniwa's TLS pump "migrate-tls", its vCPUs "vcpuN"), or None once
+    it is gone. Threads that ended are not in it."""
+    out = {}
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+                name = re.sub(r"\d+", "N", f.read().strip())
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                ticks = _stat_ticks(f.read())
+        except OSError:
+            continue  # the thread ended meanwhile
+        out[name] = out.get(name, 0) + ticks / CLK_TCK
+    return out
+
+
+def cpu_delta(before, after):
+    """AFTER - BEFORE of two cpu_by_thread readings, per name (a name
+    new in AFTER counts from 0), rounded to 10 ms; None without AFTER."""
+    if after is None:
+        return None
+    before = before or {}
+    return {k: round(v - before.get(k, 0), 2) for k, v in after.items()}
+
+
+def busy_seconds():
+    """(CPU seconds this machine's CPUs were busy, seconds in all) since
+    boot, from /proc/stat's first line: busy is all but idle and iowait."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    total = sum(fields[:8])  # guest time is already inside user
+    return (total - fields[3] - fields[4]) / CLK_TCK, total / CLK_TCK
+
+
 def thread_kinds(pid):
     """{thread name without its digits: count} of process PID (e.g.
     io_uring's workers "iou-wrk-"), or None once it is gone."""

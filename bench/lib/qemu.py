@@ -29,8 +29,11 @@ class Qmp:
     """A QMP connection: `cmd` returns a command's answer; events that
     arrive meanwhile are kept in `events`."""
 
-    def __init__(self, path, timeout=60):
-        deadline = time.monotonic() + timeout
+    def __init__(self, path, timeout=60, alive=None):
+        """ALIVE, if given, says whether QEMU still runs: a QEMU that
+        exited before it made the socket is said at once, not after
+        TIMEOUT seconds."""
+        t0 = time.monotonic()
         while True:
             try:
                 self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -38,8 +41,11 @@ class Qmp:
                 break
             except OSError:
                 self.sock.close()
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no QMP socket at %s" % path) from None
+                if alive and not alive():
+                    raise RuntimeError("no QMP socket at %s: QEMU exited" % path) from None
+                if time.monotonic() - t0 > timeout:
+                    raise RuntimeError("no QMP socket at %s after %.0f s" % (
+                        path, time.monotonic() - t0)) from None
                 time.sleep(0.1)
         self.sock.settimeout(timeout)
         self.file = self.sock.makefile("rb")
