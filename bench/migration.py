@@ -91,7 +91,7 @@ from lib.memtouch import (DIRTY_DONE, DIRTY_READY, TOUCH_DONE,  # noqa: E402
                           TOUCH_GUEST, TOUCH_READY, TOUCH_THREAD)
 from lib.options import add_path_options, exit_status  # noqa: E402
 from lib.plots import panels, save_figure  # noqa: E402
-from lib.procstat import busy_seconds, cpu_by_thread, cpu_delta  # noqa: E402
+from lib.procstat import ThreadCpu, busy_seconds  # noqa: E402
 from lib.qemu import Qmp, qemu_argv  # noqa: E402
 from lib.tables import md_table, text_table  # noqa: E402
 from lib.tlscreds import check_credentials, describe, make_credentials  # noqa: E402
@@ -292,9 +292,11 @@ def vm_qemu_argv(args, qmp, incoming=False, tls=None):
     """QEMU for the modes rows; TLS: the credentials' directory, loaded as
     object tls0 (the destination's as the server's, verifying the
     source's certificate; the source's as the client's)."""
-    extra = []
+    # Named threads (CPU 0/KVM, live_migration, return path, ...): the
+    # rows' CPU by thread.
+    extra = ["-name", "hk-bench,debug-threads=on"]
     if tls:
-        extra = ["-object", "tls-creds-x509,id=tls0,dir=%s,endpoint=%s,verify-peer=on" % (
+        extra += ["-object", "tls-creds-x509,id=tls0,dir=%s,endpoint=%s,verify-peer=on" % (
             tls, "server" if incoming else "client")]
     return qemu_argv(args.qemu, args.kernel_copy, args.initrd_copy, CMDLINE, args.memory_mib,
                      cpus=args.cpus, qmp=qmp, incoming=incoming, extra=extra)
@@ -795,32 +797,35 @@ def link_mib_per_s(rec, seconds):
 
 class RowCpu:
     """CPU seconds by thread of a modes row's source and destination from
-    the migration command on (the source sampled at most every second
-    while it runs: it ends soon after completing), and how busy L1's CPUs
-    were meanwhile: where a slow link's time goes (a TLS pump, the
-    migration thread, the guest)."""
+    the migration command on, each thread up to its last reading (every
+    second, and at the end: the source ends soon after completing, its
+    TLS pump with the connection), and how busy L1's CPUs were
+    meanwhile: where a slow link's time goes (a TLS pump, the migration
+    thread, the guest)."""
 
-    def __init__(self, src_pid):
-        self.src_pid = src_pid
-        self.src0 = cpu_by_thread(src_pid)
-        self.src = self.src0
+    def __init__(self, src_pid, dst_pid):
+        self.src, self.dst = ThreadCpu(src_pid), ThreadCpu(dst_pid)
         self.busy0 = busy_seconds()
         self.t = time.monotonic()
 
-    def tick(self):
-        if time.monotonic() - self.t >= 1:
-            self.src = cpu_by_thread(self.src_pid) or self.src
+    def tick(self, force=False):
+        if force or time.monotonic() - self.t >= 1:
+            self.src.tick()
+            self.dst.tick()
             self.t = time.monotonic()
 
-    def record(self, rec, dst_pid):
-        """Into REC: "cpu_s" (source, destination: {thread: s}) and
-        "l1_busy" (busy share of L1's CPU time since the command)."""
-        self.src = cpu_by_thread(self.src_pid) or self.src
+    def record(self, rec):
+        """Into REC: "cpu_s" and "cpu_system_s" (source, destination:
+        {thread: s}, all CPU time and its kernel part) and "l1_busy"
+        (busy share of L1's CPU time since the command)."""
+        self.tick(force=True)
         busy = busy_seconds()
-        rec["cpu_s"] = {"source": cpu_delta(self.src0, self.src),
-                        "destination": cpu_delta({}, cpu_by_thread(dst_pid)) if dst_pid else None}
+        src, dst = self.src.by_name(), self.dst.by_name()
+        for i, key in enumerate(("cpu_s", "cpu_system_s")):
+            rec[key] = {"source": src[i], "destination": dst[i]}
         span = busy[1] - self.busy0[1]
-        rec["l1_busy"] = round((busy[0] - self.busy0[0]) / span, 3) if span > 0 else None
+        rec["l1_busy"] = (round(min(1.0, (busy[0] - self.busy0[0]) / span), 3) if span > 0
+                          else None)
 
 
 def hk_mode_row(args, workload, mode, serial, auth="none"):
@@ -832,7 +837,7 @@ def hk_mode_row(args, workload, mode, serial, auth="none"):
                        tls=args.tls_dir if auth == "tls" else None)
         start_workload(args, pair.src.con, workload)
         pair.start_destination()
-        cpu = RowCpu(pair.src.proc.pid)
+        cpu = RowCpu(pair.src.proc.pid, pair.dst.proc.pid)
         t0 = time.monotonic()
         pair.migrate(mode)
         src_last = None
@@ -850,7 +855,7 @@ def hk_mode_row(args, workload, mode, serial, auth="none"):
             raise RuntimeError("migration failed: %s" % src_last.get("error"))
         if pair.src.alive() and (src_last or {}).get("phase") != "completed":
             # Not done within --row-timeout: say how far it got.
-            cpu.record(rec, pair.dst.proc.pid)
+            cpu.record(rec)
             rec["source_report"] = trim_report(src_last)
             s = src_last or {}
             raise RuntimeError(
@@ -859,11 +864,13 @@ def hk_mode_row(args, workload, mode, serial, auth="none"):
                 "source %s, destination %s; L1 busy %s" % (
                     args.row_timeout, s.get("phase"), s.get("rounds"),
                     (s.get("bytes") or 0) / MIB, (s.get("bytes") or 0) / MIB / args.row_timeout,
-                    s.get("remaining_pages"), top_threads(rec["cpu_s"]["source"]),
-                    top_threads(rec["cpu_s"]["destination"]), rec["l1_busy"]))
+                    s.get("remaining_pages"),
+                    top_threads(rec["cpu_s"]["source"], rec["cpu_system_s"]["source"]),
+                    top_threads(rec["cpu_s"]["destination"], rec["cpu_system_s"]["destination"]),
+                    rec["l1_busy"]))
         dst = pair.wait_dst_phase(("completed",), max(10, deadline - time.monotonic()))
         rec["wall_s"] = round(time.monotonic() - t0, 2)
-        cpu.record(rec, pair.dst.proc.pid)
+        cpu.record(rec)
         stop_workload(args, pair.dst.con, workload)
         rounds = [x["dirty_pages_per_s"] for x in (src_last or {}).get("round_log", [])]
         rec["dirty_pages_per_s_seen"] = round(max(rounds)) if rounds else None
@@ -930,7 +937,7 @@ def qemu_mode_row(args, workload, mode, serial, auth="none"):
         if tls:
             params.update({"tls-creds": "tls0", "tls-hostname": "127.0.0.1"})
         qs.cmd("migrate-set-parameters", **params)
-        cpu = RowCpu(src.proc.pid)
+        cpu = RowCpu(src.proc.pid, dst.proc.pid)
         t0 = time.monotonic()
         qs.cmd("migrate", uri="tcp:127.0.0.1:%d" % port)
         started_post = None
@@ -955,7 +962,7 @@ def qemu_mode_row(args, workload, mode, serial, auth="none"):
                 break
             cpu.tick()
             time.sleep(0.1)
-        cpu.record(rec, dst.proc.pid)
+        cpu.record(rec)
         if info.get("status") not in ("completed", "failed", "cancelled"):
             # Precopy that does not converge: QEMU would go on for ever (it
             # has no round limit). A result, not a failure of the run.
@@ -1294,13 +1301,16 @@ def modes_table(result):
     return rows
 
 
-def top_threads(cpu, n=3):
-    """The N threads with the most CPU seconds of a cpu_by_thread delta
-    and the process's sum: "12.3 (migrate-tls 8.0, vcpuN 2.1, ...)"."""
+def top_threads(cpu, system=None, n=3):
+    """The N threads with the most CPU seconds of a ThreadCpu reading
+    and the process's sum: "12.3 (migrate-tls 8.0, vcpuN 2.1, ...)"; with
+    SYSTEM (the same of kernel time), each one's kernel part in brackets."""
     if not cpu:
         return "-"
     top = sorted(cpu.items(), key=lambda kv: -kv[1])[:n]
-    return "%.1f (%s)" % (sum(cpu.values()), ", ".join("%s %.1f" % kv for kv in top))
+    return "%.1f (%s)" % (sum(cpu.values()), ", ".join(
+        "%s %.1f%s" % (k, v, " [%.1f]" % system[k] if system and k in system else "")
+        for k, v in top))
 
 
 def cpu_table(result):
@@ -1312,11 +1322,12 @@ def cpu_table(result):
         c = r.get("cpu_s")
         if not c:
             continue
+        cs = r.get("cpu_system_s") or {}
         total = (r.get("total_ms") or 0) / 1000 if r.get("total_ms") else r.get("timed_out_s")
         rows.append([r["workload"], r["vmm"], r["mode"], link_of(r),
                      num(total) if total else ("failed" if not r.get("ok") else "-"),
-                     num(r.get("l1_busy")), top_threads(c.get("source")),
-                     top_threads(c.get("destination"))])
+                     num(r.get("l1_busy")), top_threads(c.get("source"), cs.get("source")),
+                     top_threads(c.get("destination"), cs.get("destination"))])
     return rows if len(rows) > 1 else None
 
 
@@ -1474,11 +1485,12 @@ def write_md(path, result):
         ct = cpu_table(result)
         if ct:
             L.append("Where the time went: CPU seconds of each VMM process by thread (digits "
-                     "as N) from the migration command to the end (the source sampled every "
-                     "second until it ended; threads that ended before are missing), and "
+                     "as N) from the migration command to the end (each thread read every "
+                     "second and at the end; one that ended counts up to its last reading), and "
                      "the share of L1's CPU time that was busy meanwhile (any process in L1, "
                      "which has one vCPU; other rigs on the machine slow L1 down but do not "
-                     "show here). hakoniwa's TLS pump is `migrate-tls`.")
+                     "show here); in brackets the kernel's part, where rows have it. "
+                     "hakoniwa's TLS pump is `migrate-tls`.")
             L.append("")
             L.append(md_table(ct))
             L.append("")

@@ -37,18 +37,17 @@ def thread_cpu(pid):
         return None
 
 
-def _stat_ticks(stat):
+def _stat_ticks(stat, system_only=False):
     # utime and stime are fields 14 and 15; the command name (field 2) may
     # hold spaces and parentheses, so count from its closing parenthesis.
     fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[11]) + int(fields[12])
+    return int(fields[12]) + (0 if system_only else int(fields[11]))
 
 
-def cpu_by_thread(pid):
-    """{thread name with its digits as N: CPU seconds, user + system,
-    summed over the threads of that name alive now} of process PID (e.g.
-    hakoniwa's TLS pump "migrate-tls", its vCPUs "vcpuN"), or None once
-    it is gone. Threads that ended are not in it."""
+def thread_times(pid):
+    """{tid: (thread name with its digits as N, CPU seconds user + system,
+    CPU seconds system)} of the threads of process PID alive now, or None
+    once it is gone."""
     out = {}
     try:
         tids = os.listdir("/proc/%d/task" % pid)
@@ -59,25 +58,49 @@ def cpu_by_thread(pid):
             with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
                 name = re.sub(r"\d+", "N", f.read().strip())
             with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
-                ticks = _stat_ticks(f.read())
+                stat = f.read()
         except OSError:
             continue  # the thread ended meanwhile
-        out[name] = out.get(name, 0) + ticks / CLK_TCK
+        out[int(tid)] = (name, _stat_ticks(stat) / CLK_TCK, _stat_ticks(stat, True) / CLK_TCK)
     return out
 
 
-def cpu_delta(before, after):
-    """AFTER - BEFORE of two cpu_by_thread readings, per name (a name
-    new in AFTER counts from 0), rounded to 10 ms; None without AFTER."""
-    if after is None:
-        return None
-    before = before or {}
-    return {k: round(v - before.get(k, 0), 2) for k, v in after.items()}
+class ThreadCpu:
+    """A process's CPU seconds by thread name from now on, a thread that
+    ends counted up to its last reading: `tick()` now and then (each
+    reading of a thread replaces its previous one), `by_name()` for the
+    sums. For threads that live shorter than the process (a migration's
+    TLS pump ends with its connection)."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.base = thread_times(pid) or {}
+        self.last = dict(self.base)
+
+    def tick(self):
+        """Reads the threads again; False once the process is gone."""
+        now = thread_times(self.pid)
+        if now is None:
+            return False
+        self.last.update(now)
+        return True
+
+    def by_name(self):
+        """({name: CPU s}, {name: system CPU s}) since the start, rounded
+        to 10 ms."""
+        cpu, system = {}, {}
+        for tid, (name, a, s) in self.last.items():
+            _, a0, s0 = self.base.get(tid, (name, 0, 0))
+            cpu[name] = cpu.get(name, 0) + a - a0
+            system[name] = system.get(name, 0) + s - s0
+        return ({k: round(v, 2) for k, v in cpu.items()},
+                {k: round(v, 2) for k, v in system.items()})
 
 
 def busy_seconds():
     """(CPU seconds this machine's CPUs were busy, seconds in all) since
-    boot, from /proc/stat's first line: busy is all but idle and iowait."""
+    boot, from /proc/stat's first line: busy is all but idle and iowait
+    (iowait can step back a little on a tickless kernel)."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     total = sum(fields[:8])  # guest time is already inside user
