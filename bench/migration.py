@@ -1364,6 +1364,18 @@ def tls_reading(result):
     for (vmm, workload), parts in groups.items():
         out.append("- TLS / plain, %s, %s (downtime / total time / throughput): %s." % (
             vmm, workload, "; ".join(parts)))
+    pumps = []
+    for r in mode_rows(result):
+        c, cs = r.get("cpu_s") or {}, r.get("cpu_system_s") or {}
+        mib = (r.get("bytes") or (r.get("source_report") or {}).get("bytes") or 0) / MIB
+        user = [(c.get(side) or {}).get("migrate-tls", 0) - (cs.get(side) or {}).get("migrate-tls", 0)
+                for side in ("source", "destination")]
+        if r["vmm"] == "hakoniwa" and r.get("auth") == "tls" and mib and user[0] > 0:
+            pumps.append("%s %s %.0f / %.0f" % (r["mode"], r["workload"], mib / user[0],
+                                                 mib / user[1] if user[1] > 0 else 0))
+    if pumps:
+        out.append("- hakoniwa's TLS pumps (`migrate-tls`), MiB sent per second of user CPU, "
+                   "source (encrypts) / destination (decrypts): %s." % "; ".join(pumps))
     return out
 
 
