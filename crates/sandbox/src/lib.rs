@@ -79,6 +79,7 @@ pub fn compile(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>
 pub fn init(mode: SeccompMode, exit_status: i32) -> Result<(), SandboxError> {
     if mode != SeccompMode::Off {
         settle_malloc_arenas();
+        settle_heap_shrink_check();
     }
     let mut filters = HashMap::new();
     for kind in ThreadKind::ALL {
@@ -119,6 +120,37 @@ pub(crate) fn settle_malloc_arenas() {
         // SAFETY: mallopt only sets a malloc parameter; called before the
         // VM's threads start.
         unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
+    }
+}
+
+/// Has glibc read `/proc/sys/vm/overcommit_memory` now, before any
+/// filter: it reads it once per process, the first time it gives back the
+/// top of a thread arena's heap (its `check_may_shrink_heap`), from
+/// whichever thread frees then — under `on`, a VNC client thread of a VM
+/// with a display stopped at that `openat` (docs/security.md). A thread
+/// of its own gets an arena and frees into it more than glibc's trim
+/// threshold (128 KiB by default; up to 16 MiB here, in case earlier
+/// frees have raised it), in pieces below the mmap threshold so they come
+/// from the arena. Nothing is touched but malloc's headers; the memory
+/// goes back as the heap shrinks.
+pub(crate) fn settle_heap_shrink_check() {
+    #[cfg(target_env = "gnu")]
+    {
+        const PIECE: usize = 100 << 10;
+        const PIECES: usize = 160;
+        let _ = std::thread::Builder::new()
+            .name("malloc-settle".into())
+            .spawn(|| {
+                let pieces: Vec<Vec<u8>> = (0..PIECES)
+                    .map(|_| std::hint::black_box(Vec::with_capacity(PIECE)))
+                    .collect();
+                // Last first: each free joins the heap's top, which grows
+                // past the threshold and is trimmed.
+                for piece in pieces.into_iter().rev() {
+                    drop(std::hint::black_box(piece));
+                }
+            })
+            .map(|t| t.join());
     }
 }
 
