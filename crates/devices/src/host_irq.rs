@@ -218,7 +218,16 @@ pub fn steer_device_irqs(
             if already {
                 return change;
             }
-            match std::fs::write(&path, format!("{target}\n")) {
+            // Never created (the file exists in procfs): the steering
+            // thread's filter allows no O_CREAT.
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&path)
+                .and_then(|mut f| {
+                    std::io::Write::write_all(&mut f, format!("{target}\n").as_bytes())
+                });
+            match written {
                 Ok(()) => change.new = irq_affinity(proc_root, irq.irq).affinity,
                 Err(e) => {
                     change.new = None;

@@ -276,6 +276,21 @@ pub fn read_only_opens() -> Result<AllowList, RuleError> {
     AllowList::default().call_with_masked_arg(libc::SYS_openat, 2, mask, libc::O_RDONLY as u64)
 }
 
+/// Opening existing files to read them, or to write them anew (O_WRONLY
+/// with O_TRUNC; no O_CREAT, no O_RDWR): `/proc/interrupts` and
+/// `/proc/irq/N/*`.
+pub fn existing_file_opens() -> Result<AllowList, RuleError> {
+    let mask = (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) as u64;
+    AllowList::default()
+        .call_with_masked_arg(libc::SYS_openat, 2, mask, libc::O_RDONLY as u64)?
+        .call_with_masked_arg(
+            libc::SYS_openat,
+            2,
+            mask,
+            (libc::O_WRONLY | libc::O_TRUNC) as u64,
+        )
+}
+
 /// `ioctl`s of one driver: the request's type byte (`_IOC_TYPE`).
 pub fn ioctl_type(kind: u8) -> Result<AllowList, RuleError> {
     AllowList::default().call_with_masked_arg(libc::SYS_ioctl, 1, 0xff00, u64::from(kind) << 8)

@@ -54,6 +54,11 @@ pub enum ThreadKind {
     PostcopyFaults,
     /// Writes the `--metrics` lines.
     Metrics,
+    /// Steers a passed-through function's host IRQs to the VM's CPUs
+    /// (`irq_affinity=on`) each time the guest enables MSI/MSI-X: reads
+    /// `/proc/interrupts`, writes `/proc/irq/N/smp_affinity_list`, which
+    /// the vCPU that saw the enable may not.
+    IrqSteer,
 }
 
 impl ThreadKind {
@@ -78,6 +83,7 @@ impl ThreadKind {
         ThreadKind::PostcopyPages,
         ThreadKind::PostcopyFaults,
         ThreadKind::Metrics,
+        ThreadKind::IrqSteer,
     ];
 
     /// The kind's name in messages.
@@ -102,6 +108,7 @@ impl ThreadKind {
             ThreadKind::PostcopyPages => "postcopy-pages",
             ThreadKind::PostcopyFaults => "postcopy-faults",
             ThreadKind::Metrics => "metrics",
+            ThreadKind::IrqSteer => "irq-steer",
         }
     }
 
@@ -235,6 +242,8 @@ impl ThreadKind {
             ThreadKind::Metrics => list
                 .union(&allow::file_names()?)
                 .union(&allow::ioctl_type(KVMIO)?),
+            // Files that exist, read or written, never made.
+            ThreadKind::IrqSteer => list.union(&allow::existing_file_opens()?),
         })
     }
 

@@ -205,6 +205,48 @@ fn no_thread_may_map_executable_memory() {
     );
 }
 
+/// Opens /proc/self/comm with `flags` and closes it; exits 5 if the open
+/// fails (the filter let it through).
+fn open_comm(flags: libc::c_int) {
+    let path = c"/proc/self/comm";
+    // SAFETY: a NUL-terminated path; the fd is closed at once.
+    let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, 0o600) };
+    if fd < 0 {
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(5) };
+    }
+    // SAFETY: closes the fd just opened.
+    unsafe { libc::close(fd) };
+}
+
+#[test]
+fn the_irq_steering_thread_may_read_and_rewrite_files_but_not_make_them() {
+    fn read() {
+        open_comm(libc::O_RDONLY);
+    }
+    fn rewrite() {
+        open_comm(libc::O_WRONLY | libc::O_TRUNC);
+    }
+    fn create() {
+        open_comm(libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC);
+    }
+    fn read_write() {
+        open_comm(libc::O_RDWR);
+    }
+    for body in [read as fn(), rewrite] {
+        let (status, stderr) = in_sandboxed_child(ThreadKind::IrqSteer, SeccompMode::On, body);
+        assert_eq!((status, stderr.as_str()), (0, ""));
+    }
+    for body in [create as fn(), read_write] {
+        let (status, stderr) = in_sandboxed_child(ThreadKind::IrqSteer, SeccompMode::On, body);
+        assert_eq!(status, STOPPED, "stderr: {stderr}");
+        assert!(stderr.contains("system call openat (257"), "{stderr}");
+    }
+    // The vCPU, which sees the guest enable MSI, may not open at all.
+    let (status, stderr) = in_sandboxed_child(ThreadKind::Vcpu, SeccompMode::On, read);
+    assert_eq!(status, STOPPED, "stderr: {stderr}");
+}
+
 #[test]
 fn a_postcopy_fault_thread_may_open_to_read_only() {
     fn open_comm_to_read() {

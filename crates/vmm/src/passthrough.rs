@@ -11,7 +11,7 @@
 //! fights lazy postcopy, and its DMA bypasses KVM's dirty log).
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 use devices::affinity::CpuSet;
 use devices::host_irq::IrqSteering;
@@ -177,17 +177,38 @@ impl PassthroughPlan {
             });
             let function = platform.attach_passthrough(id, host, device, mapper.clone())?;
             if let Some(steering) = steering {
-                // The host IRQs exist once the guest enables MSI/MSI-X.
+                // The host IRQs exist once the guest enables MSI/MSI-X; a
+                // thread of their own steers them, told by the vCPU that
+                // saw the enable.
+                let wake = start_steering(steering)?;
                 function
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .on_interrupts_changed(Box::new(move || {
-                        steering.steer();
+                        let _ = wake.send(());
                     }));
             }
         }
         Ok(PassthroughDevices(attached))
     }
+}
+
+/// Starts the thread that steers one device's host IRQs each time it is
+/// told to (several tellings since its last turn are one). It ends when
+/// the device, holding the sender, goes.
+fn start_steering(steering: IrqSteering) -> Result<mpsc::Sender<()>, Error> {
+    let (wake, woken) = mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("irq-steer".into())
+        .spawn(move || {
+            sandbox::enter_or_exit(sandbox::ThreadKind::IrqSteer);
+            while woken.recv().is_ok() {
+                while woken.try_recv().is_ok() {}
+                steering.steer();
+            }
+        })
+        .map_err(|e| fail(format!("cannot start the IRQ steering thread: {e}")))?;
+    Ok(wake)
 }
 
 /// Why VFIO would not open a device, said for a user.
