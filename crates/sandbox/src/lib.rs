@@ -136,21 +136,22 @@ pub(crate) fn settle_malloc_arenas() {
 pub(crate) fn settle_heap_shrink_check() {
     #[cfg(target_env = "gnu")]
     {
-        const PIECE: usize = 100 << 10;
-        const PIECES: usize = 160;
         let _ = std::thread::Builder::new()
             .name("malloc-settle".into())
-            .spawn(|| {
-                let pieces: Vec<Vec<u8>> = (0..PIECES)
-                    .map(|_| std::hint::black_box(Vec::with_capacity(PIECE)))
-                    .collect();
-                // Last first: each free joins the heap's top, which grows
-                // past the threshold and is trimmed.
-                for piece in pieces.into_iter().rev() {
-                    drop(std::hint::black_box(piece));
-                }
-            })
+            .spawn(|| free_into_the_heap(160))
             .map(|t| t.join());
+    }
+}
+
+/// Allocates `pieces` of 100 KiB (below glibc's mmap threshold, so from
+/// the calling thread's arena) and frees them, last first: each free joins
+/// the heap's top, which grows past the trim threshold and is trimmed.
+pub(crate) fn free_into_the_heap(pieces: usize) {
+    let held: Vec<Vec<u8>> = (0..pieces)
+        .map(|_| std::hint::black_box(Vec::with_capacity(100 << 10)))
+        .collect();
+    for piece in held.into_iter().rev() {
+        drop(std::hint::black_box(piece));
     }
 }
 

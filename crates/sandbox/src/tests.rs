@@ -331,10 +331,16 @@ fn many_threads_allocate_under_a_filter_once_the_arenas_are_settled() {
 /// a test of ours, but of glibc's behaviour the settling works around).
 #[test]
 fn many_threads_allocate_under_a_filter_unsettled_are_stopped_at_the_cpu_list() {
-    let (status, stderr) = fresh_child("arenas-unsettled");
+    fresh_child_stopped_at("arenas-unsettled", "/sys/devices/system/cpu/online");
+}
+
+/// Runs the fresh child `variant` and checks that the filter stopped it
+/// at an `openat` of `file`.
+fn fresh_child_stopped_at(variant: &str, file: &str) {
+    let (status, stderr) = fresh_child(variant);
     assert_eq!(status, STOPPED, "stderr: {stderr}");
     assert!(
-        stderr.contains("/sys/devices/system/cpu/online"),
+        stderr.contains(&format!("the file it named: {file}")),
         "{stderr}"
     );
 }
@@ -395,12 +401,7 @@ fn a_fresh_process_shrinks_a_heap() {
     std::thread::spawn(move || {
         trap::set_thread_kind(ThreadKind::VncClient);
         seccompiler::apply_filter(&program).unwrap();
-        let pieces: Vec<Vec<u8>> = (0..40)
-            .map(|_| std::hint::black_box(Vec::with_capacity(100 << 10)))
-            .collect();
-        for piece in pieces.into_iter().rev() {
-            drop(std::hint::black_box(piece));
-        }
+        crate::free_into_the_heap(40);
     })
     .join()
     .unwrap();
@@ -418,10 +419,5 @@ fn a_heap_shrinks_under_a_filter_once_the_check_is_settled() {
 /// this fails, and the settling can go).
 #[test]
 fn a_heap_shrinks_under_a_filter_unsettled_is_stopped_at_overcommit_memory() {
-    let (status, stderr) = fresh_child("unsettled");
-    assert_eq!(status, STOPPED, "stderr: {stderr}");
-    assert!(
-        stderr.contains("/proc/sys/vm/overcommit_memory"),
-        "{stderr}"
-    );
+    fresh_child_stopped_at("unsettled", "/proc/sys/vm/overcommit_memory");
 }
