@@ -129,11 +129,10 @@ struct RunArgs {
     /// fails it; also `ctl dump`'s default place.
     #[arg(long, value_name = "DIR")]
     dump_dir: Option<PathBuf>,
-    /// Seccomp filters on every thread (docs/security.md): on (a forbidden
-    /// system call stops the VMM with one line), log (the kernel logs it
-    /// and it goes ahead) or off (the default until every guest test has
-    /// passed under on: docs/security.md's known gaps).
-    #[arg(long, value_name = "on|log|off", default_value = "off",
+    /// Seccomp filters on every thread (docs/security.md): on, the default
+    /// (a forbidden system call stops the VMM with one line), log (the
+    /// kernel logs it and it goes ahead) or off.
+    #[arg(long, value_name = "on|log|off", default_value = "on",
           value_parser = parse_choice::<choices::SeccompMode>)]
     seccomp: choices::SeccompMode,
 }

@@ -203,11 +203,9 @@ fn seccomp_filters_every_thread_unless_off() {
             vmm.stderr()
         );
     };
-    check(&["--seccomp", "on"], "2");
+    check(&[], "2");
     check(&["--seccomp", "log"], "2");
-    // Off by default until every guest test passes under on
-    // (docs/security.md, known gaps).
-    check(&[], "0");
+    check(&["--seccomp", "off"], "0");
 }
 
 #[test]
