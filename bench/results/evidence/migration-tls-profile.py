@@ -1,20 +1,23 @@
-"""Profiles one TLS precopy of an idle guest: perf (cpu-clock) on the
-source and the destination, then each side's migrate-tls symbols."""
+"""Profiles one TLS precopy of an idle guest in L1: perf (cpu-clock,
+the whole of L1) over the migration, then the source's and the
+destination's samples. Run in the rig, from the tree's root:
+scripts/rig -- build/pyenv/bin/python3 bench/results/evidence/migration-tls-profile.py tls"""
 import os
 import signal
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, "/work/main/bench")
-from lib.hakoniwa import HkPair, api_get  # noqa: E402
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from lib.hakoniwa import HkPair  # noqa: E402
 from lib.tlscreds import make_credentials  # noqa: E402
 
 work = "/tmp/tlsprof"
 os.makedirs(work, exist_ok=True)
-out = "/work/main/build/durlogs"
+out = os.path.join(ROOT, "build")
 tls = make_credentials(os.path.join(work, "tls"))
-hk = "/work/main/target/release/hakoniwa"
+hk = os.path.join(ROOT, "target", "release", "hakoniwa")
 flags = ["--memory", "512M"]
 pair = HkPair(hk, work, "p", flags, flags, tls=tls if sys.argv[1] == "tls" else None)
 pair.wait_prompt(120)
@@ -26,7 +29,8 @@ time.sleep(1)
 t0 = time.monotonic()
 pair.migrate("precopy")
 r = pair.wait_dst_phase(("completed",), 600)
-print("migration", sys.argv[1], "%.1f s" % (time.monotonic() - t0), {k: r.get(k) for k in ("downtime_ms", "total_ms", "bytes")})
+print("migration", sys.argv[1], "%.1f s" % (time.monotonic() - t0),
+      {k: r.get(k) for k in ("downtime_ms", "total_ms", "bytes")})
 for p in perfs:
     p.send_signal(signal.SIGINT)
     p.wait()
