@@ -32,40 +32,8 @@ pub fn tls() -> String {
 
 /// A new directory with a CA of its own and the destination's and the
 /// source's certificates and keys signed by it, under the names
-/// `tls=DIR` expects (docs/migration.md).
-pub fn credentials(name: &str) -> PathBuf {
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
-        IsCa, KeyPair, KeyUsagePurpose,
-    };
-    let dir = std::env::temp_dir().join(format!("hk-test-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    ca.distinguished_name
-        .push(DnType::CommonName, format!("hakoniwa test CA {name}"));
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    std::fs::write(dir.join("ca-cert.pem"), ca.pem()).unwrap();
-    for (role, purpose) in [
-        ("server", ExtendedKeyUsagePurpose::ServerAuth),
-        ("client", ExtendedKeyUsagePurpose::ClientAuth),
-    ] {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
-        params.extended_key_usages = vec![purpose];
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("hakoniwa test {role}"));
-        let cert = params.signed_by(&key, &ca).unwrap();
-        std::fs::write(dir.join(format!("{role}-cert.pem")), cert.pem()).unwrap();
-        std::fs::write(dir.join(format!("{role}-key.pem")), key.serialize_pem()).unwrap();
-    }
-    dir
-}
+/// `tls=DIR` expects (docs/migration.md): the unit tests' own.
+pub use vmm::migration::tls::test_credentials as credentials;
 
 /// A destination waiting on `port` with `flags`, over TLS; returns it
 /// once it listens.

@@ -362,17 +362,20 @@ fn poll_fd(fd: i32, read: bool, write: bool) -> libc::pollfd {
     }
 }
 
-/// Throwaway credentials for tests: a CA and the destination's and the
-/// source's certificates signed by it, in a new directory.
-#[cfg(test)]
-pub(super) fn test_credentials(name: &str) -> std::path::PathBuf {
+/// Throwaway credentials for tests, the unit tests' and the guest tests'
+/// alike (feature `test-credentials`): a CA of its own and the
+/// destination's (for 127.0.0.1) and the source's certificates signed by
+/// it, under the names `tls=DIR` reads, in a new directory under the
+/// temporary one. Not for real use: the keys are written as they are.
+#[cfg(any(test, feature = "test-credentials"))]
+pub fn test_credentials(name: &str) -> std::path::PathBuf {
     use rcgen::{
         BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
         IsCa, KeyPair, KeyUsagePurpose,
     };
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("hk-tls-unit-{}-{n}-{name}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("hk-tls-test-{}-{n}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -381,7 +384,7 @@ pub(super) fn test_credentials(name: &str) -> std::path::PathBuf {
         KeyUsagePurpose::DigitalSignature,
     ];
     ca.distinguished_name
-        .push(DnType::CommonName, format!("test CA {name}"));
+        .push(DnType::CommonName, format!("hakoniwa test CA {name}"));
     let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
     std::fs::write(dir.join("ca-cert.pem"), ca.pem()).unwrap();
     for (role, purpose) in [
@@ -391,6 +394,9 @@ pub(super) fn test_credentials(name: &str) -> std::path::PathBuf {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
         params.extended_key_usages = vec![purpose];
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("hakoniwa test {role}"));
         let cert = params.signed_by(&key, &*ca).unwrap();
         std::fs::write(dir.join(format!("{role}-cert.pem")), cert.pem()).unwrap();
         std::fs::write(dir.join(format!("{role}-key.pem")), key.serialize_pem()).unwrap();
