@@ -269,26 +269,31 @@ pub fn file_names() -> Result<AllowList, RuleError> {
         .call_with_arg(libc::SYS_prlimit64, 2, &[0])
 }
 
+/// What of `openat`'s flags the open rules look at: the access mode,
+/// O_CREAT and O_TRUNC.
+const OPEN_MODE_MASK: u64 = (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) as u64;
+
 /// Opening files only to read them (no write access, no O_CREAT or
 /// O_TRUNC): a thread's name in `/proc/self/task/TID/comm`.
 pub fn read_only_opens() -> Result<AllowList, RuleError> {
-    let mask = (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) as u64;
-    AllowList::default().call_with_masked_arg(libc::SYS_openat, 2, mask, libc::O_RDONLY as u64)
+    AllowList::default().call_with_masked_arg(
+        libc::SYS_openat,
+        2,
+        OPEN_MODE_MASK,
+        libc::O_RDONLY as u64,
+    )
 }
 
 /// Opening existing files to read them, or to write them anew (O_WRONLY
 /// with O_TRUNC; no O_CREAT, no O_RDWR): `/proc/interrupts` and
 /// `/proc/irq/N/*`.
 pub fn existing_file_opens() -> Result<AllowList, RuleError> {
-    let mask = (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) as u64;
-    AllowList::default()
-        .call_with_masked_arg(libc::SYS_openat, 2, mask, libc::O_RDONLY as u64)?
-        .call_with_masked_arg(
-            libc::SYS_openat,
-            2,
-            mask,
-            (libc::O_WRONLY | libc::O_TRUNC) as u64,
-        )
+    read_only_opens()?.call_with_masked_arg(
+        libc::SYS_openat,
+        2,
+        OPEN_MODE_MASK,
+        (libc::O_WRONLY | libc::O_TRUNC) as u64,
+    )
 }
 
 /// `ioctl`s of one driver: the request's type byte (`_IOC_TYPE`).

@@ -250,15 +250,7 @@ fn the_irq_steering_thread_may_read_and_rewrite_files_but_not_make_them() {
 #[test]
 fn a_postcopy_fault_thread_may_open_to_read_only() {
     fn open_comm_to_read() {
-        let path = c"/proc/self/comm";
-        // SAFETY: a NUL-terminated path; the fd is closed at once.
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            // SAFETY: ends the child at once.
-            unsafe { libc::_exit(5) };
-        }
-        // SAFETY: closes the fd just opened.
-        unsafe { libc::close(fd) };
+        open_comm(libc::O_RDONLY);
     }
     let (status, stderr) = in_sandboxed_child(
         ThreadKind::PostcopyFaults,
@@ -267,9 +259,7 @@ fn a_postcopy_fault_thread_may_open_to_read_only() {
     );
     assert_eq!((status, stderr.as_str()), (0, ""));
     fn open_to_write() {
-        let path = c"/proc/self/comm";
-        // SAFETY: a NUL-terminated path; the call is stopped.
-        unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        open_comm(libc::O_WRONLY);
     }
     let (status, stderr) =
         in_sandboxed_child(ThreadKind::PostcopyFaults, SeccompMode::On, open_to_write);
@@ -381,26 +371,24 @@ fn a_fresh_process_shrinks_a_heap() {
     let Ok(variant) = std::env::var(FRESH_CHILD) else {
         return;
     };
-    if variant == "arenas-unsettled" {
-        let program = compile(ThreadKind::VncAccept, SeccompMode::On)
-            .unwrap()
-            .unwrap();
-        trap::install(STOPPED).unwrap();
-        trap::set_thread_kind(ThreadKind::VncAccept);
+    // `kind`'s filter on the calling thread (a fresh process may
+    // allocate: compiled here).
+    fn enter_on(kind: ThreadKind) {
+        let program = compile(kind, SeccompMode::On).unwrap().unwrap();
+        trap::set_thread_kind(kind);
         seccompiler::apply_filter(&program).unwrap();
-        many_threads_allocate();
-        return;
     }
     if variant == "settled" {
         crate::settle_heap_shrink_check();
     }
-    let program = compile(ThreadKind::VncClient, SeccompMode::On)
-        .unwrap()
-        .unwrap();
     trap::install(STOPPED).unwrap();
-    std::thread::spawn(move || {
-        trap::set_thread_kind(ThreadKind::VncClient);
-        seccompiler::apply_filter(&program).unwrap();
+    if variant == "arenas-unsettled" {
+        enter_on(ThreadKind::VncAccept);
+        many_threads_allocate();
+        return;
+    }
+    std::thread::spawn(|| {
+        enter_on(ThreadKind::VncClient);
         crate::free_into_the_heap(40);
     })
     .join()
