@@ -10,6 +10,7 @@
 //! - no input can panic the server, and a panicking controller costs one
 //!   request (answered with 500), not the server.
 
+use std::cell::Cell;
 use std::fs;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -18,9 +19,9 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -75,6 +76,11 @@ pub struct ApiServer {
     stopping: Arc<AtomicBool>,
     stop_evt: EventFd,
     thread: Option<JoinHandle<()>>,
+    /// Requests read and not yet answered, so a stop can let them finish.
+    in_flight: Arc<InFlight>,
+    /// How long a stop waits for them: one request timeout to write the
+    /// answer, and as long again for the VMM to have decided it.
+    answer_deadline: Duration,
     removed: bool,
 }
 
@@ -130,6 +136,7 @@ impl ApiServer {
         };
 
         let stopping = Arc::new(AtomicBool::new(false));
+        let in_flight = Arc::new(InFlight::default());
         let ctx = AcceptLoop {
             listener,
             epoll,
@@ -137,6 +144,7 @@ impl ApiServer {
             options,
             stopping: stopping.clone(),
             active: Arc::new(AtomicUsize::new(0)),
+            in_flight: in_flight.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("api-server".into())
@@ -157,6 +165,8 @@ impl ApiServer {
             stopping,
             stop_evt,
             thread: Some(thread),
+            in_flight,
+            answer_deadline: options.request_timeout * 2,
             removed: false,
         })
     }
@@ -166,9 +176,14 @@ impl ApiServer {
         &self.path
     }
 
-    /// Stops accepting connections, waits for the accept thread, and removes
-    /// the socket file. Connections already being served finish their current
-    /// request (bounded by the request timeout) but are not kept alive.
+    /// Stops accepting connections, waits for the accept thread and for the
+    /// answers to requests already read (bounded by twice the request
+    /// timeout), and removes the socket file. Those connections are not kept
+    /// alive; idle ones and requests read later get 503.
+    ///
+    /// Waiting matters because a VMM exits right after this: an action that
+    /// ends the VM (`shutdown`) is acted on before its answer is written, and
+    /// an exit in between would leave the client without one.
     pub fn stop(mut self) {
         self.shutdown();
     }
@@ -180,6 +195,7 @@ impl ApiServer {
             if self.stop_evt.write(1).is_ok() {
                 let _ = thread.join();
             }
+            self.in_flight.wait_idle(self.answer_deadline);
         }
         if !self.removed {
             self.removed = true;
@@ -237,6 +253,7 @@ struct AcceptLoop {
     options: ServerOptions,
     stopping: Arc<AtomicBool>,
     active: Arc<AtomicUsize>,
+    in_flight: Arc<InFlight>,
 }
 
 impl AcceptLoop {
@@ -293,6 +310,7 @@ impl AcceptLoop {
         let controller = self.controller.clone();
         let options = self.options;
         let stopping = self.stopping.clone();
+        let in_flight = self.in_flight.clone();
         // If spawning fails the closure, and with it the slot and the
         // stream, is dropped: the client sees the connection close.
         let _ = std::thread::Builder::new()
@@ -300,7 +318,7 @@ impl AcceptLoop {
             .spawn(move || {
                 sandbox::enter_or_exit(sandbox::ThreadKind::ApiConnection);
                 let _slot = slot;
-                serve_connection(stream, &*controller, &options, &stopping);
+                serve_connection(stream, &*controller, &options, &stopping, &in_flight);
             });
     }
 }
@@ -326,6 +344,60 @@ impl Drop for ConnectionSlot {
     }
 }
 
+/// Requests between being read and being answered, across all connections.
+/// A stop waits for them to drain.
+#[derive(Debug, Default)]
+struct InFlight {
+    count: Mutex<usize>,
+    drained: Condvar,
+}
+
+thread_local! {
+    /// Whether this thread is between reading a request and answering it:
+    /// a controller that stops the server from inside `handle` must not wait
+    /// for its own answer.
+    static ANSWERING: Cell<bool> = const { Cell::new(false) };
+}
+
+impl InFlight {
+    /// Marks a request read; the guard marks it answered when dropped.
+    fn begin(&self) -> Answering<'_> {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        ANSWERING.with(|a| a.set(true));
+        Answering(self)
+    }
+
+    /// Waits until no request but the calling thread's own is being
+    /// answered, or `deadline` passes.
+    fn wait_idle(&self, deadline: Duration) {
+        let own = usize::from(ANSWERING.with(|a| a.get()));
+        let until = Instant::now() + deadline;
+        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        while *count > own {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            count = match self.drained.wait_timeout(count, left) {
+                Ok((count, _)) => count,
+                Err(e) => e.into_inner().0,
+            };
+        }
+    }
+}
+
+/// One request being answered; see [`InFlight::begin`].
+struct Answering<'a>(&'a InFlight);
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        ANSWERING.with(|a| a.set(false));
+        let mut count = self.0.count.lock().unwrap_or_else(|e| e.into_inner());
+        *count -= 1;
+        self.0.drained.notify_all();
+    }
+}
+
 /// Serves requests on one connection until it closes, errs, times out, or
 /// asks for `Connection: close`.
 fn serve_connection(
@@ -333,6 +405,7 @@ fn serve_connection(
     controller: &dyn VmController,
     options: &ServerOptions,
     stopping: &AtomicBool,
+    in_flight: &InFlight,
 ) {
     let limits = Limits {
         max_header_bytes: options.max_header_bytes,
@@ -358,13 +431,17 @@ fn serve_connection(
                 return;
             }
         };
+        // Counted before `stopping` is read: a stop either sees this request
+        // and waits for its answer, or set `stopping` first and it is 503.
+        let _answering = in_flight.begin();
         if stopping.load(Ordering::SeqCst) {
             let response = error_response(503, "the API server is shutting down".into());
             let _ = conn.write_response(&response, options.request_timeout);
             return;
         }
         let mut response = dispatch(&request, controller);
-        response.keep_alive = request.keep_alive;
+        // A server stopped meanwhile closes the connection after this answer.
+        response.keep_alive = request.keep_alive && !stopping.load(Ordering::SeqCst);
         if conn
             .write_response(&response, options.request_timeout)
             .is_err()
@@ -468,7 +545,7 @@ pub mod fuzzing {
     use std::sync::atomic::AtomicBool;
     use std::time::Duration;
 
-    use super::{serve_connection, ServerOptions};
+    use super::{serve_connection, InFlight, ServerOptions};
     use crate::action::{ApiAction, ApiError, ApiResponse, VmController};
 
     /// Accepts every action with 204, or refuses a few with an error, so
@@ -503,7 +580,13 @@ pub mod fuzzing {
             max_header_bytes: 2048,
             ..ServerOptions::default()
         };
-        serve_connection(server, &Agreeable, &options, &AtomicBool::new(false));
+        serve_connection(
+            server,
+            &Agreeable,
+            &options,
+            &AtomicBool::new(false),
+            &InFlight::default(),
+        );
         let mut out = Vec::new();
         client.read_to_end(&mut out)?;
         check_responses(&out);

@@ -893,6 +893,65 @@ fn server_can_be_dropped_from_inside_the_controller() {
     ));
 }
 
+/// A VMM that, like the real one, tells its main thread to shut down from
+/// inside `handle` and only then returns the answer; the main thread stops
+/// the server and the process exits right after.
+struct ShutdownNotifyingVmm {
+    shutting_down: Mutex<std::sync::mpsc::Sender<()>>,
+}
+
+impl VmController for ShutdownNotifyingVmm {
+    fn handle(&self, action: ApiAction) -> Result<ApiResponse, ApiError> {
+        match action {
+            ApiAction::Shutdown => {
+                let _ = self.shutting_down.lock().unwrap().send(());
+                // The answer is still to be written: widen the window the
+                // main thread had in the rig (emulated L1) on purpose.
+                std::thread::sleep(Duration::from_millis(300));
+                Ok(ApiResponse::Empty)
+            }
+            _ => Err(ApiError::not_implemented("only shutdown")),
+        }
+    }
+}
+
+/// The answer to a request the VMM acted on is written before `stop`
+/// returns: a VMM exits right after stopping its server, and a shutdown it
+/// was asked for must still be answered (a CI run once saw `ctl shutdown`
+/// report "closed the connection without answering").
+#[test]
+fn stop_waits_for_answers_being_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.sock");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let vmm = Arc::new(ShutdownNotifyingVmm {
+        shutting_down: Mutex::new(tx),
+    });
+    let server = ApiServer::start(&path, vmm).unwrap();
+    let mut client = UnixStream::connect(&path).unwrap();
+    client
+        .write_all(b"PUT /api/v1/vm.shutdown HTTP/1.1\r\n\r\n")
+        .unwrap();
+    rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    server.stop();
+    // Whatever the server was going to write is in the socket now.
+    client.set_nonblocking(true).unwrap();
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        match client.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(e) => panic!(
+                "the answer was not written before stop returned ({e}); got {:?}",
+                String::from_utf8_lossy(&out)
+            ),
+        }
+    }
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 204 "), "{out}");
+}
+
 #[test]
 fn balloon_endpoints_carry_their_json() {
     let h = start();
