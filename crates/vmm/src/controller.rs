@@ -15,7 +15,7 @@ use display::DisplayControl;
 
 use crate::boot::BootProtocol;
 use crate::event::VmmEvent;
-use crate::migration::source::{MigrationRequest, VmPauser};
+use crate::migration::source::{MigrationRequest, ResumeCheck, VmPauser};
 use crate::mmu::SptBudget;
 use crate::snapshot::{SnapshotError, SnapshotSource};
 use crate::vcpu::{Desired, RunControl};
@@ -419,6 +419,13 @@ impl VmControl {
         }
         match self.state() {
             VmState::Paused => {
+                // A migration may hold the guest stopped, or run it
+                // elsewhere: one guest must never run in two places.
+                let source = &self.vm.migrations.source;
+                match source.check_resume().map_err(ApiError::conflict)? {
+                    ResumeCheck::Free => {}
+                    ResumeCheck::Reclaim => source.reclaim().map_err(ApiError::conflict)?,
+                }
                 self.vm.run.set(Desired::Run);
                 // Requests a disk error held run again; one failing again
                 // pauses the VM again.

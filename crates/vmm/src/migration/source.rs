@@ -99,6 +99,35 @@ pub struct MigrationSource {
     /// Set while a postcopy waits for `migrate --resume`: where to send
     /// the new destination address.
     resume: Arc<Mutex<Option<mpsc::Sender<MigrationAddress>>>>,
+    /// A migration failed after the switch-over: the guest is stopped
+    /// here with its disks handed over and its devices paused.
+    stranded: Arc<Mutex<Option<Stranded>>>,
+}
+
+/// How a guest left stopped by a migration that failed after the
+/// switch-over may go on here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stranded {
+    /// The destination never said it ran the guest: whether it did, only
+    /// the operator knows. A `resume` takes the disks back (refused while
+    /// the destination holds them) and runs the guest here again, as
+    /// QEMU's `cont` does after a failed migration.
+    Unconfirmed,
+    /// The guest ran on the destination: its state here is older than
+    /// what the guest has seen and written since, so it must not run here
+    /// again.
+    RanThere,
+}
+
+/// Whether the API may resume the VM, given its outgoing migration.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ResumeCheck {
+    /// No migration holds the VM: resume as usual.
+    Free,
+    /// A migration failed after the switch-over and the destination never
+    /// confirmed running the guest: take the disks and devices back first
+    /// ([`MigrationSource::reclaim`]).
+    Reclaim,
 }
 
 impl MigrationSource {
@@ -115,7 +144,64 @@ impl MigrationSource {
             events,
             current: Mutex::new(None),
             resume: Arc::new(Mutex::new(None)),
+            stranded: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// Whether the VM may be resumed through the API now: not while a
+    /// migration has it stopped for its switch-over or runs it elsewhere
+    /// (two running copies of one guest), and not after one failed once
+    /// the guest ran on the destination. Err says why, in one line.
+    pub fn check_resume(&self) -> Result<ResumeCheck, String> {
+        if let Some(status) = self.status() {
+            match status.phase {
+                Phase::StopAndCopy => {
+                    return Err(
+                        "a migration is in its stop-and-copy phase; it runs the guest here again if it fails before the switch-over"
+                            .into(),
+                    )
+                }
+                Phase::Postcopy => {
+                    return Err(format!(
+                        "the guest runs on {} now (postcopy)",
+                        status.peer
+                    ))
+                }
+                Phase::Paused => {
+                    return Err(format!(
+                        "the postcopy to {} is paused: the guest's newest state is there; resume the migration with `hakoniwa ctl migrate --resume --to ADDRESS`",
+                        status.peer
+                    ))
+                }
+                _ => {}
+            }
+        }
+        match *self.stranded.lock().unwrap_or_else(|e| e.into_inner()) {
+            None => Ok(ResumeCheck::Free),
+            Some(Stranded::Unconfirmed) => Ok(ResumeCheck::Reclaim),
+            Some(Stranded::RanThere) => Err(
+                "the guest ran on the migration's destination after the switch-over: its state here is older, so it may not run here again"
+                    .into(),
+            ),
+        }
+    }
+
+    /// After [`ResumeCheck::Reclaim`]: locks the disks again (fails while
+    /// the destination holds them) and resumes the virtio devices, so the
+    /// vCPUs may run.
+    pub fn reclaim(&self) -> Result<(), String> {
+        let mut stranded = self.stranded.lock().unwrap_or_else(|e| e.into_inner());
+        if *stranded != Some(Stranded::Unconfirmed) {
+            return Err("no migration left the guest stopped here".into());
+        }
+        self.snapshot.take_back_disks().map_err(|e| {
+            format!("the disks cannot be taken back (does the destination run the guest?): {e}")
+        })?;
+        self.snapshot
+            .resume_devices()
+            .map_err(|e| format!("cannot resume the virtio devices: {e}"))?;
+        *stranded = None;
+        Ok(())
     }
 
     /// Starts a migration on its own thread; refuses while one runs.
@@ -132,6 +218,18 @@ impl MigrationSource {
                     "no migration is paused: nothing to resume".into(),
                 )),
             };
+        }
+        if self
+            .stranded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            // Its devices are paused and its disks handed over: a second
+            // migration would take the state of a half-released VM.
+            return Err(MigrationError::Invalid(
+                "a migration failed after its switch-over and left the guest stopped here: `hakoniwa ctl resume` it first, if it may run here".into(),
+            ));
         }
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(status) = current.as_ref() {
@@ -162,6 +260,7 @@ impl MigrationSource {
             status,
             request,
             resume: self.resume.clone(),
+            stranded: self.stranded.clone(),
         };
         std::thread::Builder::new()
             .name("migrate-out".into())
@@ -212,14 +311,17 @@ struct SourceJob {
     status: Arc<SharedStatus>,
     request: MigrationRequest,
     resume: Arc<Mutex<Option<mpsc::Sender<MigrationAddress>>>>,
+    stranded: Arc<Mutex<Option<Stranded>>>,
 }
 
 /// Where the job is, for cleaning up after a failure.
 enum Stage {
     /// The guest still runs here (or can run again): undo and carry on.
     BeforeSwitchover { paused: bool },
-    /// The destination has the state: the guest must not run here again.
-    AfterSwitchover,
+    /// The destination has the state: the guest does not run here again
+    /// unless the operator, knowing the destination did not run it, says
+    /// so (`ctl resume`, only while the destination has not said it ran).
+    AfterSwitchover(Stranded),
 }
 
 impl SourceJob {
@@ -263,8 +365,12 @@ impl SourceJob {
                         }
                         say!("hakoniwa: migration to {} failed: {message}; the VM keeps running here", self.request.to.host_port());
                     }
-                    Stage::AfterSwitchover => {
-                        say!("hakoniwa: migration to {} failed after the switch-over: {message}; the VM stays stopped here", self.request.to.host_port());
+                    Stage::AfterSwitchover(how) => {
+                        *self.stranded.lock().unwrap_or_else(|e| e.into_inner()) = Some(how);
+                        match how {
+                            Stranded::Unconfirmed => say!("hakoniwa: migration to {} failed after the switch-over: {message}; the VM stays stopped here (the destination did not say it ran the guest: if it did not, `hakoniwa ctl resume` runs it here again)", self.request.to.host_port()),
+                            Stranded::RanThere => say!("hakoniwa: migration to {} failed after the switch-over: {message}; the VM stays stopped here (it ran on the destination)", self.request.to.host_port()),
+                        }
                     }
                 }
                 self.status.finish(Phase::Failed, Some(message));
@@ -326,7 +432,7 @@ impl SourceJob {
             out.send(&Message::State(state))?;
             out.send(&Message::Done)?;
             out.flush()?;
-            *stage = Stage::AfterSwitchover;
+            *stage = Stage::AfterSwitchover(Stranded::Unconfirmed);
             if let Err(e) = self.wait_running(&mut reader, stopped, stopped_at_unix_ns) {
                 if matches!(e, MigrationError::Refused(_)) {
                     // The destination never ran the guest: it goes on here.
@@ -350,7 +456,7 @@ impl SourceJob {
         }
         out.send(&Message::State(state))?;
         out.flush()?;
-        *stage = Stage::AfterSwitchover;
+        *stage = Stage::AfterSwitchover(Stranded::Unconfirmed);
         self.status.update(|s| {
             s.phase = Phase::Postcopy;
             s.remaining_pages = (pages - sent.count()) as u64;
@@ -383,7 +489,12 @@ impl SourceJob {
                     *stage = Stage::BeforeSwitchover { paused: true };
                     return Err(e);
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    if running {
+                        *stage = Stage::AfterSwitchover(Stranded::RanThere);
+                    }
+                    return Err(e);
+                }
             }
         }
     }
