@@ -92,6 +92,33 @@ impl Incoming {
             }
         );
         let (link, hello, peer) = next_source(&self.listener, &self.auth)?;
+        let mut refusals = clone_stream(&link.stream)?;
+        let tls = link.tls_failure_handle();
+        self.take_vm(link, hello, peer, memory, machine, take_disks)
+            .map_err(|e| tls.explain(e))
+            .inspect_err(|e| {
+                // Whatever went wrong before the guest ran here, the source
+                // is told, so it knows the guest may go on there (without
+                // it, a failure after its last frame looks like a
+                // destination that may have run the guest). Refusals that
+                // say more than the error are sent where they happen.
+                if !matches!(e, MigrationError::RefusedIncoming(_)) {
+                    let _ = write_message(&mut refusals, &Message::Refused(e.to_string()));
+                }
+            })
+    }
+
+    /// [`receive`](Self::receive) from the source's hello on, until the
+    /// guest's state is here and its disks are ours.
+    fn take_vm(
+        self,
+        link: Link,
+        hello: Hello,
+        peer: SocketAddr,
+        memory: &GuestMemoryMmap,
+        machine: &MachineState,
+        take_disks: &dyn Fn() -> Result<(), String>,
+    ) -> Result<Received, MigrationError> {
         link.stream
             .set_read_timeout(Some(PRECOPY_READ_TIMEOUT))
             .ok();
@@ -173,10 +200,7 @@ impl Incoming {
                         // the switch-over). Before any vCPU runs, so the
                         // source can take its guest back.
                         let arrived = postcopy.as_ref().map(|p| &p.received);
-                        if let Err(e) = verify_arrived(&history, arrived, &status) {
-                            let _ = write_message(&mut writer, &Message::Refused(e.to_string()));
-                            return Err(e);
-                        }
+                        verify_arrived(&history, arrived, &status)?;
                     }
                     if let Err(why) = take_disks() {
                         let _ = write_message(&mut writer, &Message::Refused(why.clone()));
@@ -1063,6 +1087,73 @@ mod tests {
         clients.join().unwrap();
     }
     use vm_memory::GuestAddress;
+
+    /// A source whose stream breaks after the hello, in each way a network
+    /// or a peer can break it, is told the guest did not run here: it may
+    /// go on there. (Without this, a failure after its last frame left the
+    /// source unable to tell it from a destination that ran the guest.)
+    #[test]
+    fn a_stream_that_fails_after_the_hello_is_refused_back_to_the_source() {
+        type Breaks = Box<dyn Fn(&mut TcpStream) + Send>;
+        let broken: [(&str, Breaks); 3] = [
+            (
+                "checksum",
+                Box::new(|t| {
+                    let mut frame = Vec::new();
+                    write_message(&mut frame, &Message::State(b"{}".to_vec())).unwrap();
+                    *frame.last_mut().unwrap() ^= 1;
+                    t.write_all(&frame).unwrap();
+                }),
+            ),
+            (
+                "state",
+                Box::new(|t| {
+                    write_message(t, &Message::State(b"{".to_vec()))
+                        .map(drop)
+                        .unwrap()
+                }),
+            ),
+            (
+                "before the VM's state",
+                Box::new(|t| {
+                    write_message(t, &Message::Running { at_unix_ns: 1 })
+                        .map(drop)
+                        .unwrap()
+                }),
+            ),
+        ];
+        for (word, breaks) in broken {
+            let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 * PAGE_SIZE)]).unwrap();
+            let ours = machine(4 * PAGE_SIZE as u64, 1, &[]);
+            let incoming = Incoming::bind(&"tcp:127.0.0.1:0,auth=none".parse().unwrap()).unwrap();
+            let port: u16 = incoming
+                .address()
+                .rsplit(':')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let source = std::thread::spawn(move || {
+                let mut t = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                send_hello(&mut t, 4 * PAGE_SIZE as u64);
+                assert!(matches!(
+                    read_message(&mut t).unwrap().0,
+                    Message::Welcome(_)
+                ));
+                breaks(&mut t);
+                read_message(&mut t).map(|(m, _)| m)
+            });
+            let err = incoming
+                .receive(&memory, &ours, &|| Ok(()))
+                .err()
+                .expect("a broken stream was taken");
+            assert!(err.to_string().contains(word), "{word}: {err}");
+            match source.join().unwrap() {
+                Ok(Message::Refused(why)) => assert_eq!(why, err.to_string()),
+                other => panic!("{word}: the source heard {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn verify_pages_checks_what_arrived_and_reads_absent_pages_as_zero() {

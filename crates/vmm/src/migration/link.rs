@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use super::address::MigrationAuth;
 use super::tls::{self, TlsClient, TlsServer};
+use super::MigrationError;
 
 /// The migration code's byte stream: TCP, or the local end of a TLS pump.
 pub type Stream = socket2::Socket;
@@ -87,7 +88,36 @@ pub struct Link {
     /// a TLS handshake: a postcopy resume must come from the same one.
     pub peer_identity: Option<Vec<u8>>,
     /// Why the TLS pump stopped, once it has.
-    failure: Option<Arc<Mutex<Option<String>>>>,
+    failure: TlsFailure,
+}
+
+/// Why a TLS link's pump stopped (an alert from the peer, a record that
+/// failed to authenticate), readable after the link was given away.
+/// Always `None` on a plain link.
+#[derive(Clone, Default)]
+pub struct TlsFailure(Option<Arc<Mutex<Option<String>>>>);
+
+impl TlsFailure {
+    pub fn reason(&self) -> Option<String> {
+        self.0
+            .as_ref()
+            .and_then(|f| f.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// A stream error caused by the TLS layer ending the connection shows
+    /// as an end of the stream; this says why it ended instead.
+    pub fn explain(&self, e: MigrationError) -> MigrationError {
+        match (&e, self.reason()) {
+            // The pump's own reasons begin with "TLS"; the network's not.
+            (MigrationError::Stream(_), Some(why)) if why.starts_with("TLS") => {
+                MigrationError::Invalid(why)
+            }
+            (MigrationError::Stream(_), Some(why)) => {
+                MigrationError::Invalid(format!("TLS connection: {why}"))
+            }
+            _ => e,
+        }
+    }
 }
 
 impl Link {
@@ -98,7 +128,7 @@ impl Link {
             stream,
             network,
             peer_identity: None,
-            failure: None,
+            failure: TlsFailure::default(),
         })
     }
 
@@ -112,7 +142,7 @@ impl Link {
             stream,
             network,
             peer_identity,
-            failure: Some(failure),
+            failure: TlsFailure(Some(failure)),
         }
     }
 
@@ -135,9 +165,13 @@ impl Link {
     /// record that failed to decrypt), if it did: a better reason than
     /// the end of the stream it shows as.
     pub fn tls_failure(&self) -> Option<String> {
-        self.failure
-            .as_ref()
-            .and_then(|f| f.lock().unwrap_or_else(|e| e.into_inner()).clone())
+        self.failure.reason()
+    }
+
+    /// A handle on [`tls_failure`](Self::tls_failure) that outlives the
+    /// link.
+    pub fn tls_failure_handle(&self) -> TlsFailure {
+        self.failure.clone()
     }
 
     /// Ends the connection both ways.
