@@ -16,10 +16,11 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::migration::{
-    credentials, destination, destination_with, free_port, migrate, migrate_with, report, tls,
-    AUTH_NONE,
+    counter, counter_started, credentials, destination, destination_with, free_port, migrate,
+    migrate_with, report, shared_image, tls, AUTH_NONE, COUNTER,
 };
 use common::net::{md5_hex, HostLinks};
+use common::relay::{Fault, Relay};
 use common::{ctl, require_hardware_kvm, temp_socket, Vmm, GUEST_TIMEOUT, PROMPT};
 
 /// The machine on both sides. One vCPU: under the rig's emulated nested
@@ -33,12 +34,6 @@ const FLAGS: &[&str] = &["--cpus", "1", "--memory", "512M"];
 /// The two-vCPU machine of the network test.
 const FLAGS_2CPU: &[&str] = &["--cpus", "2", "--memory", "512M"];
 
-/// A counter in the background, ten a second. Each value is written aside
-/// and renamed: `echo $i > /tmp/count` truncates first, and a `cat` in
-/// between reads an empty file (the migration soak caught one). Returns
-/// once the first value is there.
-const COUNTER: &str = "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done) & while [ ! -e /tmp/count ]; do sleep 0.05; done";
-
 /// Starts the guest's workload: 96 MiB of random data in a tmpfs with its
 /// checksum, and a counter in the background. Returns the checksum.
 fn start_workload(vmm: &mut Vmm) -> String {
@@ -49,15 +44,6 @@ fn start_workload(vmm: &mut Vmm) -> String {
     let sum = out.trim().to_string();
     assert_eq!(sum.len(), 32, "{out}");
     sum
-}
-
-/// A fresh sparse 16 MiB raw image in the temporary directory, the disk
-/// every VM of a migration chain shares.
-fn shared_image(name: &str) -> String {
-    let path = std::env::temp_dir().join(format!("hakoniwa-{name}-{}.img", std::process::id()));
-    let file = std::fs::File::create(&path).unwrap();
-    file.set_len(16 << 20).unwrap();
-    path.to_str().unwrap().to_string()
 }
 
 /// Writes 256 KiB of random data to the guest's disk at `kib` KiB with
@@ -84,13 +70,6 @@ fn read_disk(vmm: &mut Vmm, kib: u64) -> String {
     ))
     .trim()
     .to_string()
-}
-
-fn counter(vmm: &mut Vmm) -> u64 {
-    let out = vmm.shell("cat /tmp/count");
-    out.trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("no counter: {out}"))
 }
 
 /// After a migration: the source ended with status 0, the destination's
@@ -436,12 +415,6 @@ fn refuse_after_the_state(listener: TcpListener) -> usize {
     checksums
 }
 
-fn counter_started(vmm: &mut Vmm) -> u64 {
-    vmm.shell(COUNTER);
-    std::thread::sleep(Duration::from_millis(500));
-    counter(vmm)
-}
-
 #[test]
 #[ignore = "boots a real guest: run through the rig (scripts/test)"]
 fn a_source_that_dies_in_postcopy_leaves_the_destination_paused_with_a_message() {
@@ -484,42 +457,6 @@ fn a_source_that_dies_in_postcopy_leaves_the_destination_paused_with_a_message()
     b.wait_exit(Duration::from_secs(60));
 }
 
-/// A TCP relay between the source and the destination that the test can
-/// cut, as a broken network would.
-struct Relay {
-    port: u16,
-    streams: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>,
-}
-
-impl Relay {
-    fn start(to: u16) -> Relay {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let streams = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let kept = streams.clone();
-        std::thread::spawn(move || {
-            let (inbound, _) = listener.accept().unwrap();
-            let outbound = TcpStream::connect(("127.0.0.1", to)).unwrap();
-            for (from, into) in [(&inbound, &outbound), (&outbound, &inbound)] {
-                let (mut from, mut into) = (from.try_clone().unwrap(), into.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut from, &mut into);
-                    let _ = into.shutdown(std::net::Shutdown::Write);
-                });
-            }
-            kept.lock().unwrap().extend([inbound, outbound]);
-        });
-        Relay { port, streams }
-    }
-
-    /// Breaks both connections.
-    fn cut(&self) {
-        for stream in self.streams.lock().unwrap().iter() {
-            let _ = stream.shutdown(std::net::Shutdown::Both);
-        }
-    }
-}
-
 #[test]
 #[ignore = "boots a real guest: run through the rig (scripts/test)"]
 fn a_postcopy_whose_connection_drops_is_resumed_over_a_new_one() {
@@ -532,7 +469,7 @@ fn a_postcopy_whose_connection_drops_is_resumed_over_a_new_one() {
     let sum = start_workload(&mut a);
     let port = free_port();
     let mut b = destination(port, &s2, FLAGS);
-    let relay = Relay::start(port);
+    let relay = Relay::start(port, Fault::None);
     // A slow background push, so the cut lands mid-postcopy.
     let (ok, out) = migrate(
         &s1,

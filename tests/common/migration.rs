@@ -97,3 +97,33 @@ pub fn report(socket: &str) -> serde_json::Value {
     assert!(ok, "ctl migration: {out}");
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
+
+/// A counter in the background, ten a second. Each value is written aside
+/// and renamed: `echo $i > /tmp/count` truncates first, and a `cat` in
+/// between reads an empty file (the migration soak caught one). Returns
+/// once the first value is there.
+pub const COUNTER: &str = "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done) & while [ ! -e /tmp/count ]; do sleep 0.05; done";
+
+/// A fresh sparse 16 MiB raw image in the temporary directory, the disk
+/// every VM of a migration chain shares.
+pub fn shared_image(name: &str) -> String {
+    let path = std::env::temp_dir().join(format!("hakoniwa-{name}-{}.img", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(16 << 20).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// The guest's counter (see [`COUNTER`]).
+pub fn counter(vmm: &mut Vmm) -> u64 {
+    let out = vmm.shell("cat /tmp/count");
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no counter: {out}"))
+}
+
+/// Starts the counter; returns its first value.
+pub fn counter_started(vmm: &mut Vmm) -> u64 {
+    vmm.shell(COUNTER);
+    std::thread::sleep(Duration::from_millis(500));
+    counter(vmm)
+}

@@ -6,6 +6,7 @@ pub mod debian;
 pub mod display;
 pub mod migration;
 pub mod net;
+pub mod relay;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,195 @@
+//! A TCP relay between a migration's source and its destination that does
+//! to the stream what a broken or hostile network would: cuts it, damages
+//! a frame (with its checksum made right again, or not), or lets the test
+//! act (kill a side) when a given frame goes by.
+//!
+//! Source to destination, a relay with a frame [`Fault`] reads whole
+//! frames (the protocol's own reader) and writes them again, so it can
+//! find a page or the state in the stream; the other way, and with
+//! [`Fault::None`] or [`Fault::FlipStreamByte`], bytes pass as they come.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+
+use vmm::migration::protocol::{read_message, write_message, Message};
+
+/// What the relay does to the source's stream.
+pub enum Fault {
+    /// Nothing: it only relays, until [`Relay::cut`].
+    None,
+    /// Changes one byte of the last `pages` frame before the checksums or
+    /// the state (the stop-and-copy's pages, which are not sent again).
+    /// `fix_crc`: the frame's CRC is computed again over the damaged
+    /// payload, so only an end-to-end check can see it; otherwise the
+    /// frame's own checksum no longer matches.
+    FlipPageByte { fix_crc: bool },
+    /// Changes the byte at this offset of the raw stream (inside TLS
+    /// records, when the migration is over TLS).
+    FlipStreamByte(u64),
+    /// Once this many bytes came from the source: runs `then` (say, kill
+    /// the destination), then cuts both connections.
+    CutAfter {
+        bytes: u64,
+        then: Box<dyn FnOnce() + Send>,
+    },
+    /// When the first frame `name` (see `Message::name`) comes from the
+    /// source, before it is passed on: runs `then`, then cuts both
+    /// connections.
+    CutAtFrame {
+        name: &'static str,
+        then: Box<dyn FnOnce() + Send>,
+    },
+}
+
+/// A relay from a port of its own to the destination's.
+pub struct Relay {
+    pub port: u16,
+    streams: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Relay {
+    /// Relays the first connection to `port` of the loopback to `to`.
+    pub fn start(to: u16, fault: Fault) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let streams = Arc::new(Mutex::new(Vec::new()));
+        let kept = streams.clone();
+        std::thread::spawn(move || {
+            let (inbound, _) = listener.accept().unwrap();
+            let outbound = TcpStream::connect(("127.0.0.1", to)).unwrap();
+            kept.lock()
+                .unwrap()
+                .extend([inbound.try_clone().unwrap(), outbound.try_clone().unwrap()]);
+            let (from_src, to_dst) = (inbound.try_clone().unwrap(), outbound.try_clone().unwrap());
+            let cut = kept.clone();
+            std::thread::spawn(move || {
+                forward(from_src, to_dst, fault, &cut);
+            });
+            std::thread::spawn(move || {
+                let (mut from, mut into) = (outbound, inbound);
+                let _ = std::io::copy(&mut from, &mut into);
+                let _ = into.shutdown(Shutdown::Write);
+            });
+        });
+        Relay { port, streams }
+    }
+
+    /// Breaks both connections.
+    pub fn cut(&self) {
+        cut_all(&self.streams);
+    }
+}
+
+fn cut_all(streams: &Mutex<Vec<TcpStream>>) {
+    for stream in streams.lock().unwrap().iter() {
+        let _ = stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// Source to destination, with `fault`.
+fn forward(
+    mut from: TcpStream,
+    mut into: TcpStream,
+    fault: Fault,
+    streams: &Mutex<Vec<TcpStream>>,
+) {
+    match fault {
+        Fault::None => {
+            let _ = std::io::copy(&mut from, &mut into);
+            let _ = into.shutdown(Shutdown::Write);
+        }
+        Fault::FlipStreamByte(at) => {
+            let mut seen = 0u64;
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                let n = match from.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if (seen..seen + n as u64).contains(&at) {
+                    buf[(at - seen) as usize] ^= 0x5a;
+                }
+                seen += n as u64;
+                if into.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = into.shutdown(Shutdown::Write);
+        }
+        Fault::CutAfter { bytes, then } => {
+            let mut seen = 0u64;
+            let mut buf = vec![0u8; 64 << 10];
+            while seen < bytes {
+                let want = buf.len().min((bytes - seen) as usize);
+                let n = match from.read(&mut buf[..want]) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                seen += n as u64;
+                if into.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+            then();
+            cut_all(streams);
+        }
+        Fault::FlipPageByte { fix_crc } => {
+            // Each pages frame is held until the next frame shows whether
+            // it was the last before the checksums or the state: a page
+            // damaged earlier might be sent again, whole, in a later round.
+            let mut held: Option<Message> = None;
+            let mut done = false;
+            while let Ok((message, _)) = read_message(&mut from) {
+                let last_pages = matches!(message, Message::Checksums(_) | Message::State(_));
+                let mut frame = Vec::new();
+                if let Some(pages) = held.take() {
+                    match pages {
+                        Message::Pages {
+                            kind,
+                            first,
+                            mut data,
+                        } if last_pages && !done && fix_crc => {
+                            data[100] ^= 0x5a;
+                            write_message(&mut frame, &Message::Pages { kind, first, data })
+                                .unwrap();
+                            done = true;
+                        }
+                        pages => {
+                            write_message(&mut frame, &pages).unwrap();
+                            if last_pages && !done && !fix_crc {
+                                // The payload's last byte: page data.
+                                *frame.last_mut().unwrap() ^= 0x5a;
+                                done = true;
+                            }
+                        }
+                    }
+                }
+                if matches!(message, Message::Pages { .. }) {
+                    held = Some(message);
+                } else {
+                    write_message(&mut frame, &message).unwrap();
+                }
+                if into.write_all(&frame).is_err() {
+                    break;
+                }
+            }
+            let _ = into.shutdown(Shutdown::Write);
+        }
+        Fault::CutAtFrame { name, then } => {
+            while let Ok((message, _)) = read_message(&mut from) {
+                if message.name() == name {
+                    then();
+                    cut_all(streams);
+                    return;
+                }
+                let mut frame = Vec::new();
+                write_message(&mut frame, &message).unwrap();
+                if into.write_all(&frame).is_err() {
+                    break;
+                }
+            }
+            let _ = into.shutdown(Shutdown::Write);
+        }
+    }
+}
