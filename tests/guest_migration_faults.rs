@@ -1,8 +1,9 @@
 //! Fault injection for migration (docs/migration.md, "Failures"): a
 //! stream damaged on the way (with the frame's checksum made right again,
-//! and not; inside TLS), a connection cut, a network that delays,
-//! reorders and loses packets (netem), a destination killed in precopy,
-//! at the switch-over and in postcopy, a source killed in precopy. Nothing is lost that was not lost by design, every failure is
+//! and not; inside TLS), a connection cut (FIN) and reset (RST), a network
+//! that delays, reorders and loses packets (netem), a destination killed
+//! in precopy, at the switch-over and in postcopy, a source killed in
+//! precopy. Nothing is lost that was not lost by design, every failure is
 //! one line, and the side that can keep the VM keeps it.
 //!
 //! `#[ignore]`d like the other guest tests; `scripts/test` runs them in
@@ -172,6 +173,19 @@ fn damaged_streams_and_dead_destinations_leave_the_guest_where_it_can_run() {
     );
     ends_with_one_line(&mut b, "migration");
     keeps_running(&mut a, &format!("cut in precopy: {out}"));
+
+    // The connection reset in precopy, an RST each way rather than a FIN:
+    // the same, and the destination says so.
+    let (out, mut b) = migrate_through(
+        &s1,
+        "faults-dst-reset",
+        &flags,
+        |_| Fault::ResetAfter(CUT_AFTER),
+        &[],
+    );
+    ends_with_one_line(&mut b, "reset");
+    keeps_running(&mut a, &format!("reset in precopy: {out}"));
+    eprintln!("source, after the reset: {out}");
 
     // The destination killed in precopy.
     let (out, mut b) = migrate_through(

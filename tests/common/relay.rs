@@ -1,15 +1,18 @@
 //! A TCP relay between a migration's source and its destination that does
-//! to the stream what a broken or hostile network would: cuts it, damages
-//! a frame (with its checksum made right again, or not), or lets the test
-//! act (kill a side) when a given frame goes by.
+//! to the stream what a broken or hostile network would: cuts it, resets
+//! it, damages a frame (with its checksum made right again, or not), or
+//! lets the test act (kill a side) when a given frame goes by.
 //!
 //! Source to destination, a relay with a frame [`Fault`] reads whole
 //! frames (the protocol's own reader) and writes them again, so it can
 //! find a page or the state in the stream; the other way, and with
-//! [`Fault::None`] or [`Fault::FlipStreamByte`], bytes pass as they come.
+//! the byte faults ([`Fault::None`], [`Fault::FlipStreamByte`],
+//! [`Fault::CutAfter`], [`Fault::ResetAfter`]), bytes pass as they come.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use vmm::migration::protocol::{read_message, write_message, Message};
@@ -33,6 +36,10 @@ pub enum Fault {
         bytes: u64,
         then: Box<dyn FnOnce() + Send>,
     },
+    /// Once this many bytes came from the source: resets both
+    /// connections (an RST each way, as a middlebox or a peer's crash
+    /// does), rather than closing them.
+    ResetAfter(u64),
     /// When the first frame `name` (see `Message::name`) comes from the
     /// source, before it is passed on: runs `then`, then cuts both
     /// connections.
@@ -45,7 +52,16 @@ pub enum Fault {
 /// A relay from a port of its own to the destination's.
 pub struct Relay {
     pub port: u16,
-    streams: Arc<Mutex<Vec<TcpStream>>>,
+    streams: Arc<Streams>,
+}
+
+/// The relay's two connections, for cutting or resetting them from any
+/// thread.
+#[derive(Default)]
+struct Streams {
+    open: Mutex<Vec<TcpStream>>,
+    /// Set when they are reset: nothing may then close them gracefully.
+    resetting: AtomicBool,
 }
 
 impl Relay {
@@ -53,12 +69,13 @@ impl Relay {
     pub fn start(to: u16, fault: Fault) -> Relay {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let streams = Arc::new(Mutex::new(Vec::new()));
+        let streams = Arc::new(Streams::default());
         let kept = streams.clone();
         std::thread::spawn(move || {
             let (inbound, _) = listener.accept().unwrap();
             let outbound = TcpStream::connect(("127.0.0.1", to)).unwrap();
-            kept.lock()
+            kept.open
+                .lock()
                 .unwrap()
                 .extend([inbound.try_clone().unwrap(), outbound.try_clone().unwrap()]);
             let (from_src, to_dst) = (inbound.try_clone().unwrap(), outbound.try_clone().unwrap());
@@ -69,7 +86,9 @@ impl Relay {
             std::thread::spawn(move || {
                 let (mut from, mut into) = (outbound, inbound);
                 let _ = std::io::copy(&mut from, &mut into);
-                let _ = into.shutdown(Shutdown::Write);
+                if !kept.resetting.load(Ordering::SeqCst) {
+                    let _ = into.shutdown(Shutdown::Write);
+                }
             });
         });
         Relay { port, streams }
@@ -81,58 +100,85 @@ impl Relay {
     }
 }
 
-fn cut_all(streams: &Mutex<Vec<TcpStream>>) {
-    for stream in streams.lock().unwrap().iter() {
+fn cut_all(streams: &Streams) {
+    for stream in streams.open.lock().unwrap().iter() {
         let _ = stream.shutdown(Shutdown::Both);
     }
 }
 
+/// Resets both connections: SO_LINGER 0 makes the last close of each
+/// socket send an RST instead of a FIN. The other direction's thread is
+/// woken by a read shutdown (which sends nothing) and drops its copies
+/// without closing gracefully; the caller drops its own.
+fn reset_all(streams: &Streams) {
+    streams.resetting.store(true, Ordering::SeqCst);
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    for stream in streams.open.lock().unwrap().drain(..) {
+        // SAFETY: a valid socket of ours and a properly sized option.
+        let rc = unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+        let _ = stream.shutdown(Shutdown::Read);
+    }
+}
+
+/// Passes bytes from `from` to `into` as they come, the byte at offset
+/// `flip` (if any) changed, until `from` ends or, with `limit`, that many
+/// bytes have passed. Returns whether the limit was reached.
+fn pump(from: &mut TcpStream, into: &mut TcpStream, flip: Option<u64>, limit: Option<u64>) -> bool {
+    let mut seen = 0u64;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let left = limit.map_or(u64::MAX, |l| l - seen);
+        if left == 0 {
+            return true;
+        }
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = match from.read(&mut buf[..want]) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => n,
+        };
+        if let Some(at) = flip.filter(|at| (seen..seen + n as u64).contains(at)) {
+            buf[(at - seen) as usize] ^= 0x5a;
+        }
+        seen += n as u64;
+        if into.write_all(&buf[..n]).is_err() {
+            return false;
+        }
+    }
+}
+
 /// Source to destination, with `fault`.
-fn forward(
-    mut from: TcpStream,
-    mut into: TcpStream,
-    fault: Fault,
-    streams: &Mutex<Vec<TcpStream>>,
-) {
+fn forward(mut from: TcpStream, mut into: TcpStream, fault: Fault, streams: &Streams) {
     match fault {
         Fault::None => {
-            let _ = std::io::copy(&mut from, &mut into);
+            pump(&mut from, &mut into, None, None);
             let _ = into.shutdown(Shutdown::Write);
         }
         Fault::FlipStreamByte(at) => {
-            let mut seen = 0u64;
-            let mut buf = vec![0u8; 64 << 10];
-            loop {
-                let n = match from.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                if (seen..seen + n as u64).contains(&at) {
-                    buf[(at - seen) as usize] ^= 0x5a;
-                }
-                seen += n as u64;
-                if into.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
+            pump(&mut from, &mut into, Some(at), None);
             let _ = into.shutdown(Shutdown::Write);
         }
         Fault::CutAfter { bytes, then } => {
-            let mut seen = 0u64;
-            let mut buf = vec![0u8; 64 << 10];
-            while seen < bytes {
-                let want = buf.len().min((bytes - seen) as usize);
-                let n = match from.read(&mut buf[..want]) {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
-                seen += n as u64;
-                if into.write_all(&buf[..n]).is_err() {
-                    return;
-                }
+            if pump(&mut from, &mut into, None, Some(bytes)) {
+                then();
+                cut_all(streams);
             }
-            then();
-            cut_all(streams);
+        }
+        Fault::ResetAfter(bytes) => {
+            if pump(&mut from, &mut into, None, Some(bytes)) {
+                reset_all(streams);
+            }
         }
         Fault::FlipPageByte { fix_crc } => {
             // Each pages frame is held until the next frame shows whether
