@@ -93,7 +93,7 @@ impl Incoming {
         );
         let (link, hello, peer) = next_source(&self.listener, &self.auth)?;
         let mut refusals = clone_stream(&link.stream)?;
-        let tls = link.tls_failure_handle();
+        let tls = link.tls_failure();
         self.take_vm(link, hello, peer, memory, machine, take_disks)
             .map_err(|e| tls.explain(e))
             .inspect_err(|e| {

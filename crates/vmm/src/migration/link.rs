@@ -163,14 +163,8 @@ impl Link {
 
     /// Why the TLS layer ended the connection (an alert from the peer, a
     /// record that failed to decrypt), if it did: a better reason than
-    /// the end of the stream it shows as.
-    pub fn tls_failure(&self) -> Option<String> {
-        self.failure.reason()
-    }
-
-    /// A handle on [`tls_failure`](Self::tls_failure) that outlives the
-    /// link.
-    pub fn tls_failure_handle(&self) -> TlsFailure {
+    /// the end of the stream it shows as. The handle outlives the link.
+    pub fn tls_failure(&self) -> TlsFailure {
         self.failure.clone()
     }
 

@@ -567,7 +567,8 @@ impl SourceJob {
         };
         // A destination that rejects our certificate says so in a TLS
         // alert, which ends the stream: its reason beats "closed".
-        let tls_refusal = |e: MigrationError| match link.tls_failure() {
+        let tls = link.tls_failure();
+        let tls_refusal = |e: MigrationError| match tls.reason() {
             Some(reason) => MigrationError::Connect {
                 to: to.host_port(),
                 reason,
