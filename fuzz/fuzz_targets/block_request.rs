@@ -116,7 +116,10 @@ fuzz_target!(|input: &[u8]| {
             };
             Some(match uring {
                 Some(uring) => Box::new(uring),
-                None => Box::new(ThreadsEngine::new("fuzz-io", 1, disk.shared(), ThreadPlacement::anywhere()).unwrap()),
+                None => Box::new(
+                    ThreadsEngine::new("fuzz-io", 1, disk.shared(), ThreadPlacement::anywhere())
+                        .unwrap(),
+                ),
             })
         }
     };
