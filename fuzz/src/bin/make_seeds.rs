@@ -1,6 +1,7 @@
 //! Writes the seed inputs under `seeds/<target>/` (except block_request's,
 //! which are hand-made): real RFB sessions, a WebSocket upgrade and
-//! frames, API requests, a migration stream and a snapshot file, each
+//! frames, API requests, a migration stream, a snapshot file, a virtio
+//! driver's initialization and well-formed queues, each
 //! produced by the project's own writers where it has one. Run from
 //! `fuzz/`: `cargo run --release --bin make_seeds`.
 
@@ -23,6 +24,7 @@ fn main() {
     migration_stream();
     snapshot_file();
     vsock_tx();
+    virtio_pci();
 }
 
 fn put(target: &str, name: &str, bytes: &[u8]) {
@@ -284,4 +286,33 @@ fn vsock_tx() {
     ]
     .concat();
     put("vsock_tx", "host_connects", &host_connects);
+}
+
+/// A driver setting up an rng and a balloon (with statistics) the way
+/// Linux does, then offering them buffers, kicking and snapshotting.
+fn virtio_pci() {
+    use devices::virtio::pci::fuzzing::{Ops, BALLOON, BALLOON_STATS};
+    const WRITE: u16 = 2;
+    let rng = Ops::new(0)
+        .driver_init(1, 16, 0)
+        .offer(0, 0, 0x1000, 64, WRITE)
+        .snapshot()
+        .offer(0, 1, 0x2_0000, 0x1000, WRITE)
+        .read(0x1000, 1)
+        .read(0x5000, 8);
+    put("virtio_pci", "rng", &rng.0);
+    // Inflate by a page of the second region, deflate it, and the stats
+    // buffer; then the driver resets the device and starts again.
+    let balloon = Ops::new(BALLOON | BALLOON_STATS)
+        .driver_init(3, 16, 0)
+        .memory(0x1000, &0x21u32.to_le_bytes())
+        .offer(0, 0, 0x1000, 4, 0)
+        .offer(1, 0, 0x1000, 4, 0)
+        .offer(2, 0, 0x1100, 60, 0)
+        .write(0x2004, 4, 1)
+        .read(0x2000, 8)
+        .snapshot()
+        .common(0x14, 0)
+        .driver_init(3, 16, 0);
+    put("virtio_pci", "balloon", &balloon.0);
 }

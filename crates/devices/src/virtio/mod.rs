@@ -14,6 +14,8 @@
 pub mod balloon;
 pub mod block;
 pub mod device;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod input;
 pub(crate) mod lifecycle;
 pub mod net;

@@ -30,6 +30,9 @@ use crate::pci::msix::{Msix, MsixState};
 use crate::pci::{BarMove, PciConfigSpace, PciDevice, PciIdentity};
 use crate::GuestMemoryMmap;
 
+#[doc(hidden)]
+pub mod fuzzing;
+
 pub const BAR_SIZE: u64 = 0x8000;
 const COMMON_CFG: u64 = 0x0000;
 const COMMON_CFG_LEN: u64 = 0x38;
