@@ -25,6 +25,9 @@ fn main() {
     snapshot_file();
     vsock_tx();
     virtio_pci();
+    net_queues();
+    balloon_queues();
+    input_queues();
 }
 
 fn put(target: &str, name: &str, bytes: &[u8]) {
@@ -315,4 +318,134 @@ fn virtio_pci() {
         .common(0x14, 0)
         .driver_init(3, 16, 0);
     put("virtio_pci", "balloon", &balloon.0);
+}
+
+/// Well-formed rx buffers and tx frames, with and without mergeable rx
+/// buffers.
+fn net_queues() {
+    use devices::virtio::fuzzing::{ring_input, DATA};
+    use devices::virtio::net::fuzzing::{EVENT_IDX, MRG_RXBUF};
+    const W: u16 = 2;
+    let tx = ring_input(&[
+        &[(DATA, 12, 0), (DATA + 12, 60, 0)],
+        &[(DATA + 0x100, 1514, 0)],
+    ]);
+    let mut frame: Vec<u8> = vec![0; 12];
+    frame.extend_from_slice(&[0x52, 0x54, 0, 0x12, 0x34, 0x56, 2, 0, 0, 0, 0, 1, 0x08, 0]);
+    frame.resize(98, 0x45);
+    for (name, control, rx) in [
+        (
+            "one_buffer_each",
+            EVENT_IDX,
+            ring_input(&[&[(0x4000, 0x800, W)], &[(0x4800, 0x800, W)]]),
+        ),
+        (
+            "merged",
+            MRG_RXBUF,
+            ring_input(&[
+                &[(0x4000, 64, W)],
+                &[(0x4800, 64, W)],
+                &[(0x2_0000, 0x1000, W)],
+            ]),
+        ),
+    ] {
+        let mut input = vec![control | (2 << 2)];
+        input.extend_from_slice(&rx);
+        input.extend_from_slice(&tx);
+        for _ in 0..2 {
+            input.extend_from_slice(&(frame.len() as u16).to_le_bytes());
+            input.extend_from_slice(&frame);
+        }
+        input.extend((0..0x200).map(|i| i as u8));
+        put("net_queues", name, &input);
+    }
+}
+
+/// Linux's balloon driver at work: inflating by frames in both regions,
+/// deflating, and statistics the host asks for again.
+fn balloon_queues() {
+    use devices::virtio::balloon::fuzzing::{EVENT_IDX, STATS_VQ};
+    use devices::virtio::fuzzing::{ring_input, DATA};
+    let mut input = vec![STATS_VQ | EVENT_IDX];
+    input.extend_from_slice(&ring_input(&[&[(DATA, 16, 0)], &[(DATA + 0x10, 8, 0)]]));
+    input.extend_from_slice(&ring_input(&[&[(DATA, 8, 0)]]));
+    input.extend_from_slice(&ring_input(&[
+        &[(DATA + 0x20, 40, 0)],
+        &[(DATA + 0x20, 40, 0)],
+    ]));
+    // Events: stats, inflate, deflate, the host asks for stats, stats.
+    input.extend_from_slice(&[5, 2, 0, 1, 3, 2]);
+    for pfn in [0x8u32, 0x9, 0x20, 0x21, 0x22, 0x10] {
+        input.extend_from_slice(&pfn.to_le_bytes());
+    }
+    input.resize(input.len() + 8, 0);
+    for (tag, value) in [(0u16, 7u64), (1, 3), (4, 0x100_0000), (5, 0x400_0000)] {
+        input.extend_from_slice(&tag.to_le_bytes());
+        input.extend_from_slice(&value.to_le_bytes());
+    }
+    put("balloon_queues", "inflate_deflate_stats", &input);
+}
+
+/// A keyboard's driver: event buffers posted, keys typed, caps lock
+/// set, every configuration query Linux makes; and a tablet's pointer.
+fn input_queues() {
+    use devices::virtio::fuzzing::{ring_input, DATA};
+    use devices::virtio::input::fuzzing::*;
+    use devices::virtio::input::InputEvent;
+    const W: u16 = 2;
+    for (name, control, events) in [
+        (
+            "keyboard",
+            0,
+            [
+                InputEvent::new(1, 30, 1),
+                InputEvent::syn(),
+                InputEvent::new(1, 30, 0),
+            ],
+        ),
+        (
+            "tablet",
+            TABLET | EVENT_IDX,
+            [
+                InputEvent::new(3, 0, 100),
+                InputEvent::new(3, 1, 200),
+                InputEvent::syn(),
+            ],
+        ),
+    ] {
+        let mut input = vec![control];
+        let buffers: Vec<[(u64, u32, u16); 1]> = (0..8).map(|i| [(DATA + 8 * i, 8, W)]).collect();
+        let buffers: Vec<&[(u64, u32, u16)]> = buffers.iter().map(|b| &b[..]).collect();
+        input.extend_from_slice(&ring_input(&buffers));
+        input.extend_from_slice(&ring_input(&[&[(DATA + 0x100, 8, 0)]]));
+        let mut ops = Vec::new();
+        // The queries of Linux's virtinput_probe: name, serial, ids,
+        // properties, each event type's bits, the axes.
+        for (select, subsel) in [
+            (1, 0),
+            (2, 0),
+            (3, 0),
+            (0x10, 0),
+            (0x11, 1),
+            (0x11, 2),
+            (0x11, 3),
+            (0x11, 0x11),
+            (0x11, 0x14),
+            (0x12, 0),
+            (0x12, 1),
+        ] {
+            ops.extend_from_slice(&[OP_CONFIG, 0, 2, select, subsel]);
+        }
+        ops.extend_from_slice(&[OP_SEND, events.len() as u8]);
+        for e in events {
+            ops.extend_from_slice(&e.to_bytes());
+        }
+        ops.extend_from_slice(&[OP_WAKE, OP_EVENTQ, OP_STATUSQ]);
+        let count = 11 + 4;
+        input.push(count);
+        input.extend_from_slice(&ops);
+        input.resize(input.len() + 0x100, 0);
+        input.extend_from_slice(&InputEvent::new(0x11, 1, 1).to_bytes());
+        put("input_queues", name, &input);
+    }
 }

@@ -23,6 +23,9 @@ use crate::virtio::state::{DeviceState, QueuePosition, StateError};
 use crate::virtio::worker::{EpollLoop, WorkerHandler};
 use crate::GuestMemoryMmap;
 
+#[doc(hidden)]
+pub mod fuzzing;
+
 /// The size of each queue.
 pub const QUEUE_SIZE: u16 = 256;
 const STATS: u16 = 2;

@@ -24,6 +24,8 @@ mod device;
 mod tests;
 
 pub use control::{BalloonControl, BalloonCounters, BalloonError, BalloonStats};
+#[doc(hidden)]
+pub use device::fuzzing;
 pub use device::{Balloon, BalloonState};
 
 use crate::options::{invalid, Options, OptionsError};

@@ -21,6 +21,9 @@ use crate::virtio::state::{DeviceState, QueuePosition, StateError};
 use crate::virtio::worker::{EpollLoop, WorkerHandler};
 use crate::GuestMemoryMmap;
 
+#[doc(hidden)]
+pub mod fuzzing;
+
 /// The size of each queue.
 pub const QUEUE_SIZE: u16 = 64;
 const QUEUE_SIZES: [u16; 2] = [QUEUE_SIZE, QUEUE_SIZE];

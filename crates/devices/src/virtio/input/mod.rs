@@ -25,6 +25,8 @@ pub use config::{
     CONFIG_SIZE,
 };
 pub use control::{InputControl, EVENT_QUEUE_CAPACITY};
+#[doc(hidden)]
+pub use device::fuzzing;
 pub use device::{Input, InputState};
 pub use event::{codes, InputEvent};
 

@@ -18,6 +18,8 @@
 //! in for the TAP.
 
 mod device;
+#[doc(hidden)]
+pub mod fuzzing;
 mod handler;
 pub mod tap;
 #[cfg(test)]
