@@ -28,6 +28,7 @@ fn main() {
     net_queues();
     balloon_queues();
     input_queues();
+    block_device();
 }
 
 fn put(target: &str, name: &str, bytes: &[u8]) {
@@ -447,5 +448,57 @@ fn input_queues() {
         input.resize(input.len() + 0x100, 0);
         input.extend_from_slice(&InputEvent::new(0x11, 1, 1).to_bytes());
         put("input_queues", name, &input);
+    }
+}
+
+/// A driver reading, writing and flushing on two queues, kicking as it
+/// goes, then the same with the available index run past the ring.
+fn block_device() {
+    use devices::virtio::block::fuzzing::*;
+    use devices::virtio::fuzzing::{ring_input, DATA};
+    const W: u16 = 2;
+    let requests = ring_input(&[
+        &[(DATA, 16, 0), (DATA + 0x200, 512, W), (DATA + 0x100, 1, W)],
+        &[
+            (DATA + 0x20, 16, 0),
+            (DATA + 0x400, 1024, 0),
+            (DATA + 0x101, 1, W),
+        ],
+        &[(DATA + 0x40, 16, 0), (DATA + 0x102, 1, W)],
+        &[
+            (DATA + 0x60, 16, 0),
+            (DATA + 0x800, 20, W),
+            (DATA + 0x103, 1, W),
+        ],
+    ]);
+    // IN sector 1, OUT sector 4 (two sectors), FLUSH, GET_ID.
+    let mut headers = vec![0u8; 0x80];
+    headers[8] = 1;
+    headers[0x20] = 1;
+    headers[0x28] = 4;
+    headers[0x40] = 4;
+    headers[0x60] = 8;
+    // (name, byte 0, the number of ops, the ops and their operands)
+    for (name, control, count, ops) in [
+        (
+            "two_queues",
+            FLUSH | EVENT_IDX | TWO_QUEUES,
+            4,
+            vec![OP_KICK, OP_KICK | 1, OP_REAP, OP_DRAIN | 1],
+        ),
+        (
+            "index_jump",
+            FLUSH,
+            4,
+            vec![OP_KICK, OP_AVAIL_IDX, 0x40, 0, OP_KICK, OP_REAP],
+        ),
+    ] {
+        let mut input = vec![control];
+        input.extend_from_slice(&requests);
+        input.extend_from_slice(&requests);
+        input.push(count);
+        input.extend_from_slice(&ops);
+        input.extend_from_slice(&headers);
+        put("block_device", name, &input);
     }
 }

@@ -60,6 +60,9 @@ use crate::virtio::{
 };
 use crate::GuestMemoryMmap;
 
+#[doc(hidden)]
+pub mod fuzzing;
+
 /// The bounce buffer of a request run alone; larger ones go through it in
 /// pieces.
 const SCRATCH_LEN: usize = 512 * 1024;

@@ -75,6 +75,8 @@ use error_policy::{ErrorAction, ErrorPolicy};
 pub use counters::{
     DiskCounters, KindCounters, Outcome, RequestKind, Stage, StageCounters, SyncCounters,
 };
+#[doc(hidden)]
+pub use device::fuzzing;
 pub use device::{Block, BlockState};
 pub use engine::EngineKind;
 pub use histogram::HistogramSnapshot;
