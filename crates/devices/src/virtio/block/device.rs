@@ -767,6 +767,25 @@ impl QueueHandler {
     /// parsed and started. Returns whether it completed at once (and is
     /// in the used ring).
     fn dequeue(&mut self, chain: DescriptorChain<Arc<GuestMemoryMmap>>, kick: u64) -> bool {
+        let head = chain.head_index();
+        if self
+            .pending
+            .get(usize::from(head))
+            .is_some_and(Option::is_some)
+        {
+            // The driver made the chain available again while its request
+            // is still with the host (virtio forbids it). Taking it would
+            // replace the request under its head: the first would never
+            // be answered, nor leave the O_DIRECT gate (and a later
+            // buffered access would wait on the gate forever), and the
+            // first op's completion would finish the second request. Its
+            // used entry comes when the first completes.
+            tracing::warn!(
+                "{}: the driver offered request {head} again while it is in flight; ignored",
+                self.name
+            );
+            return false;
+        }
         let mut times = StageTimes::kicked_at(kick);
         times.dequeue = now_ns();
         self.in_flight += 1;

@@ -182,4 +182,23 @@ mod tests {
         input.extend_from_slice(&mem);
         device(&input).unwrap();
     }
+
+    #[test]
+    fn a_head_offered_twice_while_in_flight_is_answered_once() {
+        const W: u16 = 2;
+        // A read of sector 1 through the engine, its head offered twice
+        // in one kick: the second must not replace the first in flight
+        // (the handler's in-flight count must come back to 0).
+        let mut ring =
+            ring_input(&[&[(DATA, 16, 0), (DATA + 0x100, 512, W), (DATA + 0x400, 1, W)]]);
+        ring[..2].copy_from_slice(&2u16.to_le_bytes());
+        let mut input = vec![0];
+        input.extend_from_slice(&ring);
+        input.extend_from_slice(&ring_input(&[]));
+        input.extend_from_slice(&[1, OP_KICK]);
+        let mut mem = vec![0u8; 0x10];
+        mem[8] = 1;
+        input.extend_from_slice(&mem);
+        device(&input).unwrap();
+    }
 }
