@@ -29,6 +29,7 @@ fn main() {
     balloon_queues();
     input_queues();
     block_device();
+    device_state();
 }
 
 fn put(target: &str, name: &str, bytes: &[u8]) {
@@ -500,5 +501,27 @@ fn block_device() {
         input.extend_from_slice(&ops);
         input.extend_from_slice(&headers);
         put("block_device", name, &input);
+    }
+}
+
+/// The states real devices save (idle and active, with queues where a
+/// driver left them), each restored into the device it came from.
+fn device_state() {
+    use devices::virtio::state::fuzzing::{device, ACTIVE, DEVICES, KICK, MAX_QUEUES};
+    for (kind, name) in DEVICES.iter().enumerate() {
+        let (dev, _host) = device(kind).unwrap();
+        let state = serde_json::to_vec(&dev.save_state()).unwrap();
+        let queues = dev.queue_max_sizes().len().min(MAX_QUEUES);
+        let features = dev.device_features();
+        for (suffix, flags) in [("idle", 0), ("active", ACTIVE | KICK)] {
+            let mut input = vec![kind as u8, flags, queues as u8];
+            for q in 0..MAX_QUEUES as u8 {
+                // Queue q at entry 3 of its ring, two used.
+                input.extend_from_slice(&[q, 3, 0, 2, 0]);
+            }
+            input.extend_from_slice(&features.to_le_bytes());
+            input.extend_from_slice(&state);
+            put("device_state", &format!("{name}_{suffix}"), &input);
+        }
     }
 }

@@ -16,6 +16,9 @@ use super::input::InputState;
 use super::net::NetState;
 use super::vsock::VsockState;
 
+#[doc(hidden)]
+pub mod fuzzing;
+
 /// Why a device's state could not be taken or put back; one line each.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
