@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
-use super::VirtioInterrupt;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::{QueueEvents, VirtioInterrupt};
 use crate::GuestMemoryMmap;
 
 /// The first region of guest memory: 0 to here (rings and data).
@@ -134,6 +136,21 @@ impl Ring {
         queue.set_event_idx(event_idx);
         queue.set_ready(true);
         queue
+    }
+
+    /// The ring as a device's queue `index` (its side, with
+    /// [`Self::queue`], and a kick eventfd), as activation hands it over.
+    pub fn queue_events(
+        &self,
+        index: u16,
+        max: u16,
+        event_idx: bool,
+    ) -> std::io::Result<QueueEvents> {
+        Ok(QueueEvents {
+            index,
+            queue: self.queue(max, event_idx),
+            kick: EventFd::new(EFD_NONBLOCK)?,
+        })
     }
 
     /// The used ring's index.

@@ -14,7 +14,6 @@ use super::{NetBackend, NetMetrics, MAX_FRAME_LEN, NET_HDR_LEN, QUEUE_SIZE};
 use crate::virtio::fuzzing::{
     guest_memory, write_data, CountingInterrupt, Input, Ring, RING_INPUT_LEN, RING_SIZE,
 };
-use crate::virtio::QueueEvents;
 
 /// Input byte 0: the driver accepted VIRTIO_NET_F_MRG_RXBUF.
 pub const MRG_RXBUF: u8 = 1;
@@ -98,20 +97,11 @@ pub fn queues(input: &[u8]) -> io::Result<Vec<Vec<u8>>> {
     let event_idx = control & EVENT_IDX != 0;
     let interrupt = Arc::new(CountingInterrupt::default());
     let metrics = Arc::new(NetMetrics::default());
-    let kick = || vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK);
     let mut handler = NetHandler::new(
         mem.clone(),
         interrupt,
-        QueueEvents {
-            index: 0,
-            queue: rx.queue(QUEUE_SIZE, event_idx),
-            kick: kick()?,
-        },
-        QueueEvents {
-            index: 1,
-            queue: tx.queue(QUEUE_SIZE, event_idx),
-            kick: kick()?,
-        },
+        rx.queue_events(0, QUEUE_SIZE, event_idx)?,
+        tx.queue_events(1, QUEUE_SIZE, event_idx)?,
         backend,
         control & MRG_RXBUF != 0,
         metrics.clone(),

@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{
     BalloonControl, BalloonCounters, BalloonHandler, QUEUE_SIZE, STATS, TOKEN_DEFLATE,
@@ -16,7 +15,6 @@ use crate::virtio::fuzzing::{
     guest_memory, write_data, CountingInterrupt, Input, Ring, RING_INPUT_LEN, RING_SIZE,
 };
 use crate::virtio::worker::WorkerHandler;
-use crate::virtio::QueueEvents;
 
 /// Input byte 0: the driver accepted the statistics queue.
 pub const STATS_VQ: u8 = 1;
@@ -59,13 +57,7 @@ pub fn queues(input: &[u8]) -> std::io::Result<BalloonCounters> {
     write_data(&mem, &mut input);
 
     let event_idx = control & EVENT_IDX != 0;
-    let queue = |index: u16| -> std::io::Result<QueueEvents> {
-        Ok(QueueEvents {
-            index,
-            queue: rings[usize::from(index)].queue(QUEUE_SIZE, event_idx),
-            kick: EventFd::new(EFD_NONBLOCK)?,
-        })
-    };
+    let queue = |index: u16| rings[usize::from(index)].queue_events(index, QUEUE_SIZE, event_idx);
     let balloon_control = Arc::new(BalloonControl::new(1)?);
     let stats = control & STATS_VQ != 0;
     balloon_control.lock().stats_negotiated = stats;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{ActiveQueues, Block, QueueDevice, DONE_TOKEN, KICK_TOKEN, RETRY_TOKEN};
 use crate::virtio::block::{BlockConfig, MemDisk, SERIAL_LEN};
@@ -16,7 +15,7 @@ use crate::virtio::fuzzing::{
     guest_memory, write_data, CountingInterrupt, Input, Ring, RING_INPUT_LEN, RING_SIZE,
 };
 use crate::virtio::worker::WorkerHandler;
-use crate::virtio::{QueueEvents, COMMON_FEATURES};
+use crate::virtio::COMMON_FEATURES;
 use vm_memory::{Bytes, GuestAddress};
 
 /// Input byte 0: the disk is read-only.
@@ -105,11 +104,7 @@ pub fn device(input: &[u8]) -> std::io::Result<()> {
     let queue_count = usize::from(block.config.queues());
     let mut queues = Vec::new();
     for (index, ring) in rings.iter().enumerate().take(queue_count) {
-        queues.push(QueueEvents {
-            index: index as u16,
-            queue: ring.queue(RING_SIZE, control & EVENT_IDX != 0),
-            kick: EventFd::new(EFD_NONBLOCK)?,
-        });
+        queues.push(ring.queue_events(index as u16, RING_SIZE, control & EVENT_IDX != 0)?);
     }
     let mut loops = block
         .serve_each(

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{
     Input, InputConfig, InputEvent, InputHandler, InputKind, QUEUE_SIZE, TOKEN_EVENTQ,
@@ -18,7 +17,7 @@ use crate::virtio::fuzzing::{
 };
 use crate::virtio::input::config::{CONFIG_SIZE, PAYLOAD_SIZE};
 use crate::virtio::worker::WorkerHandler;
-use crate::virtio::{QueueEvents, VirtioDevice};
+use crate::virtio::VirtioDevice;
 
 /// Input byte 0: a tablet (else a keyboard).
 pub const TABLET: u8 = 1;
@@ -73,13 +72,7 @@ pub fn queues(input: &[u8]) -> std::io::Result<u64> {
     // As activation does: events from now on wait for the guest's buffers.
     input_control.lock().active = true;
     let event_idx = control & EVENT_IDX != 0;
-    let queue = |index: u16| -> std::io::Result<QueueEvents> {
-        Ok(QueueEvents {
-            index,
-            queue: rings[usize::from(index)].queue(QUEUE_SIZE, event_idx),
-            kick: EventFd::new(EFD_NONBLOCK)?,
-        })
-    };
+    let queue = |index: u16| rings[usize::from(index)].queue_events(index, QUEUE_SIZE, event_idx);
     let mut handler = InputHandler {
         memory: mem.clone(),
         interrupt: Arc::new(CountingInterrupt::default()),
