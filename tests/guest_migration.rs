@@ -72,6 +72,11 @@ fn read_disk(vmm: &mut Vmm, kib: u64) -> String {
     .to_string()
 }
 
+/// Each guest task's pid, state, command and where in the kernel it
+/// waits, with the kernel stack of those not running or sleeping in a
+/// plain wait.
+const GUEST_TASKS: &str = "for p in /proc/[0-9]*; do s=$(cut -d' ' -f3 $p/stat 2>/dev/null); echo \"${p#/proc/} $s $(cat $p/comm 2>/dev/null) $(cat $p/wchan 2>/dev/null)\"; case $s in R|D) cat $p/stack 2>/dev/null;; esac; done";
+
 /// After a migration: the source ended with status 0, the destination's
 /// guest has the same blob and its counter keeps counting.
 fn check_arrived(source: &mut Vmm, destination: &mut Vmm, sum: &str, count_before: u64) {
@@ -86,7 +91,15 @@ fn check_arrived(source: &mut Vmm, destination: &mut Vmm, sum: &str, count_befor
     assert!(first >= count_before, "{first} < {count_before}");
     std::thread::sleep(Duration::from_millis(1500));
     let second = counter(destination);
-    assert!(second > first, "the counter stopped at {first}");
+    if second <= first {
+        // Where the guest's tasks wait (the counter's loop among them),
+        // for the log: the guest still answers its shell.
+        let tasks = destination.shell(GUEST_TASKS);
+        panic!(
+            "the counter stopped at {first}\nthe guest's tasks:\n{tasks}\ndestination:\n{}",
+            destination.stderr()
+        );
+    }
     let out = destination.shell("md5sum /dev/shm/blob | cut -d' ' -f1");
     assert_eq!(out.trim(), sum, "guest memory changed across the migration");
 }
