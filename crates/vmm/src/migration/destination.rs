@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::address::MigrationAddress;
 use super::history::{PageHistory, WrongPage};
 use super::link::{Auth, Link, Stream};
-use super::pages::{PageBitmap, RamAtRest, RamLayout};
+use super::pages::{is_zero_page, PageBitmap, RamLayout};
 use super::postcopy::{guest_async_pf, FaultThread, PostcopyShared};
 use super::protocol::{
     read_message, write_message, Message, PageKind, StreamError, PAGE_SIZE, PROTOCOL_VERSION,
@@ -200,11 +200,7 @@ impl Incoming {
                         // the switch-over). Before any vCPU runs, so the
                         // source can take its guest back.
                         let arrived = postcopy.as_ref().map(|p| &p.received);
-                        // SAFETY: no vCPU has run, no device is active and
-                        // postcopy's fault thread has not started: only
-                        // this thread writes RAM, and not while `ram` lives.
-                        let ram = unsafe { layout.at_rest() };
-                        verify_arrived(&history, &ram, arrived, &status)?;
+                        verify_arrived(&history, arrived, &status)?;
                     }
                     if let Err(why) = take_disks() {
                         let _ = write_message(&mut writer, &Message::Refused(why.clone()));
@@ -497,14 +493,20 @@ fn write_pages(
                 first + k as u64
             )))
         })?;
+        let host = layout.host_of_index(index) as *mut u8;
         match data {
             Some(bytes) => {
-                layout.write_page(index, &bytes[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]);
+                let src = &bytes[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
+                // SAFETY: `host` is one page of guest RAM (the layout comes
+                // from the VM's memory); no vCPU runs yet, so nothing else
+                // writes it.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), host, PAGE_SIZE) };
                 written.set(index);
             }
             None => {
-                if written.get(index) && !layout.is_zero(index) {
-                    layout.write_page(index, &[0u8; PAGE_SIZE]);
+                if written.get(index) && !is_zero_page(layout.page_bytes(index)) {
+                    // SAFETY: as above.
+                    unsafe { std::ptr::write_bytes(host, 0, PAGE_SIZE) };
                 }
                 // Known to be zero, whether or not it is backed yet: a
                 // postcopy maps the zero page when the guest touches it
@@ -523,7 +525,6 @@ fn write_pages(
 /// many were checked; the first differences go to the report.
 fn verify_arrived(
     history: &PageHistory,
-    ram: &RamAtRest,
     arrived: Option<&PageBitmap>,
     status: &SharedStatus,
 ) -> Result<u64, MigrationError> {
@@ -539,7 +540,7 @@ fn verify_arrived(
         }
         // Reading a page not in memory would fault it in (and under
         // postcopy wait for the fault handler): it is zero.
-        let bytes = in_memory.then(|| ram.page(index));
+        let bytes = in_memory.then(|| layout.page_bytes(index));
         checked += 1;
         if let Err(w) = history.check(index, None, bytes) {
             wrong.push(w);
@@ -924,10 +925,7 @@ pub mod fuzzing {
                         .map_err(|e| MigrationError::Invalid(format!("state: {e}")))?;
                     check_state(&envelope.snapshot, machine)?;
                     if history.verifying() {
-                        // SAFETY: the fuzzer's memory has no guest and no
-                        // devices; only this loop writes it.
-                        let ram = unsafe { layout.at_rest() };
-                        verify_arrived(&history, &ram, None, &status)?;
+                        verify_arrived(&history, None, &status)?;
                     }
                 }
                 Message::Done => return Ok(()),
@@ -1177,9 +1175,7 @@ mod tests {
         let crc = super::super::history::page_crc(&data);
         // The source had page 3 non-zero: it never arrived.
         assert!(history.set_source_crcs(vec![zero, crc, zero, crc]));
-        // SAFETY: nothing else touches `memory` during the test.
-        let ram = unsafe { layout.at_rest() };
-        let err = verify_arrived(&history, &ram, None, &status).unwrap_err();
+        let err = verify_arrived(&history, None, &status).unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("--verify-pages: 1 of 4 pages differ from the source's; the first: page 0x3000 (never)"),
@@ -1195,7 +1191,7 @@ mod tests {
             arrived.set(i);
         }
         assert_eq!(
-            verify_arrived(&history, &ram, Some(&arrived), &status).unwrap(),
+            verify_arrived(&history, Some(&arrived), &status).unwrap(),
             3
         );
         // Nothing was faulted in to check it.
@@ -1223,7 +1219,7 @@ mod tests {
         let gone: Vec<usize> = (0..layout.pages()).filter(|&i| !written.get(i)).collect();
         assert_eq!(gone, vec![1, 2, 3, 6, 7, 10, 11, 12, 13]);
         for i in 0..layout.pages() {
-            let zero = layout.is_zero(i);
+            let zero = is_zero_page(layout.page_bytes(i));
             assert_eq!(zero, gone.contains(&i), "page index {i}");
         }
         // A run that runs past the end of RAM is refused.
