@@ -341,10 +341,17 @@ fn host_read_errors_sticky_flushes_and_werror_stop_on_enospc() {
         "{info}"
     );
     std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        !vmm.stdout().contains("vdc-rc="),
-        "the write completed while paused"
-    );
+    let console = vmm.stdout();
+    if console.contains("vdc-rc=") {
+        // What the guest printed, and the VMM's account: whether dd ended
+        // and how (CI, 2026-11-27: 1 in 15 runs under load, not known).
+        let at = console.find("vdc-rc=").unwrap_or(0).saturating_sub(2000);
+        panic!(
+            "the write completed while paused\nconsole from there:\n{}\nVMM:\n{}\n{info}",
+            &console[console.floor_char_boundary(at)..],
+            vmm.stderr()
+        );
+    }
     small.free();
     let (ok, out) = ctl(&socket, &["resume"]);
     assert!(ok, "{out}");
