@@ -78,8 +78,7 @@ pub fn compile(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>
 /// and exits with `exit_status`. Before any thread calls [`enter`].
 pub fn init(mode: SeccompMode, exit_status: i32) -> Result<(), SandboxError> {
     if mode != SeccompMode::Off {
-        settle_malloc_arenas();
-        settle_heap_shrink_check();
+        settle_malloc();
     }
     let mut filters = HashMap::new();
     for kind in ThreadKind::ALL {
@@ -95,6 +94,14 @@ pub fn init(mode: SeccompMode, exit_status: i32) -> Result<(), SandboxError> {
         .map_err(|_| SandboxError::AlreadySet)
 }
 
+/// Makes glibc read, now and from this thread, the two files its malloc
+/// would otherwise open later from whichever filtered thread got there
+/// first. Both are needed: a workload of many threads can reach either.
+pub(crate) fn settle_malloc() {
+    settle_malloc_arenas();
+    settle_heap_shrink_check();
+}
+
 /// Fixes glibc's limit on malloc arenas now, before any filter: glibc
 /// works it out the first time a thread wants a new arena beyond the
 /// eighth, from `/sys/devices/system/cpu/online` — an `openat` from
@@ -102,7 +109,7 @@ pub fn init(mode: SeccompMode, exit_status: i32) -> Result<(), SandboxError> {
 /// display or multi-queue disks stopped at it: docs/security.md). The
 /// limit set is glibc's own default, 8 arenas per CPU (those this
 /// process may run on).
-pub(crate) fn settle_malloc_arenas() {
+fn settle_malloc_arenas() {
     #[cfg(target_env = "gnu")]
     {
         // The CPUs this process may run on, from the kernel, not from a
