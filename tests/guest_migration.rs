@@ -72,14 +72,21 @@ fn read_disk(vmm: &mut Vmm, kib: u64) -> String {
     .to_string()
 }
 
-/// Each guest task's pid, state, command and where in the kernel it
-/// waits, with the kernel stack of those not running or sleeping in a
-/// plain wait.
-const GUEST_TASKS: &str = "for p in /proc/[0-9]*; do s=$(cut -d' ' -f3 $p/stat 2>/dev/null); echo \"${p#/proc/} $s $(cat $p/comm 2>/dev/null) $(cat $p/wchan 2>/dev/null)\"; case $s in R|D) cat $p/stack 2>/dev/null;; esac; done";
+/// Each guest task's pid, state, parent's pid, command and where in the
+/// kernel it waits, with the kernel stack of those running or in an
+/// uninterruptible wait.
+const GUEST_TASKS: &str = "for p in /proc/[0-9]*; do s=$(cut -d' ' -f3,4 $p/stat 2>/dev/null); echo \"${p#/proc/} $s $(cat $p/comm 2>/dev/null) $(cat $p/wchan 2>/dev/null)\"; case $s in R*|D*) cat $p/stack 2>/dev/null;; esac; done";
 
 /// After a migration: the source ended with status 0, the destination's
-/// guest has the same blob and its counter keeps counting.
-fn check_arrived(source: &mut Vmm, destination: &mut Vmm, sum: &str, count_before: u64) {
+/// guest (API on `socket`) has the same blob and its counter keeps
+/// counting.
+fn check_arrived(
+    source: &mut Vmm,
+    destination: &mut Vmm,
+    socket: &str,
+    sum: &str,
+    count_before: u64,
+) {
     let status = source.wait_exit(Duration::from_secs(120));
     assert_eq!(status.code(), Some(0), "source: {}", source.stderr());
     assert!(
@@ -93,11 +100,15 @@ fn check_arrived(source: &mut Vmm, destination: &mut Vmm, sum: &str, count_befor
     let second = counter(destination);
     if second <= first {
         // Where the guest's tasks wait (the counter's loop among them),
-        // for the log: the guest still answers its shell.
+        // for the log: the guest still answers its shell. And the
+        // destination's report: with --verify-pages, whether every page
+        // it holds is the source's.
         let tasks = destination.shell(GUEST_TASKS);
         panic!(
-            "the counter stopped at {first}\nthe guest's tasks:\n{tasks}\ndestination:\n{}",
-            destination.stderr()
+            "the counter stopped at {first}\nthe guest's tasks:\n{tasks}\ndestination:\n{}\nits report: {}\nsource:\n{}",
+            destination.stderr(),
+            report(socket),
+            source.stderr()
         );
     }
     let out = destination.shell("md5sum /dev/shm/blob | cut -d' ' -f1");
@@ -145,7 +156,7 @@ fn precopy_then_postcopy_then_hybrid_keep_the_guest_and_its_memory() {
     let (ok, out) = migrate(&s1, port, "precopy", &["--verify-pages"]);
     assert!(ok, "precopy: {out}\n{}", a.stderr());
     assert!(out.contains("migration completed"), "{out}");
-    check_arrived(&mut a, &mut b, &sum, before);
+    check_arrived(&mut a, &mut b, &s2, &sum, before);
     assert_eq!(read_disk(&mut b, 0), disk_a, "the disk after precopy");
     let disk_b = write_disk(&mut b, 256);
     let r = report(&s2);
@@ -170,7 +181,7 @@ fn precopy_then_postcopy_then_hybrid_keep_the_guest_and_its_memory() {
         &["--prefetch", "4", "--verify-pages"],
     );
     assert!(ok, "postcopy: {out}\n{}", b.stderr());
-    check_arrived(&mut b, &mut c, &sum, before);
+    check_arrived(&mut b, &mut c, &s3, &sum, before);
     assert_eq!(read_disk(&mut c, 0), disk_a, "the disk after postcopy");
     assert_eq!(read_disk(&mut c, 256), disk_b, "the disk after postcopy");
     let disk_c = write_disk(&mut c, 512);
@@ -262,7 +273,7 @@ fn precopy_then_postcopy_then_hybrid_keep_the_guest_and_its_memory() {
     );
     assert!(ok, "hybrid: {out}\n{}", c.stderr());
     assert!(out.contains("switched to postcopy"), "{out}");
-    check_arrived(&mut c, &mut d, &sum, before);
+    check_arrived(&mut c, &mut d, &s4, &sum, before);
     let r = report(&s4);
     check_verified(&r, 131072);
     assert_eq!(r["phase"], "completed", "{r}");
