@@ -433,11 +433,11 @@ fn serve_connection(
         };
         // Counted before `stopping` is read: a stop either sees this request
         // and waits for its answer, or set `stopping` first and it is 503.
-        let _answering = in_flight.begin();
+        let answering = in_flight.begin();
         if stopping.load(Ordering::SeqCst) {
             let response = error_response(503, "the API server is shutting down".into());
             let _ = conn.write_response(&response, options.request_timeout);
-            return;
+            return close_then_done(conn, answering);
         }
         let mut response = dispatch(&request, controller);
         // A server stopped meanwhile closes the connection after this answer.
@@ -447,9 +447,19 @@ fn serve_connection(
             .is_err()
             || !response.keep_alive
         {
-            return;
+            return close_then_done(conn, answering);
         }
     }
+}
+
+/// Closes a connection whose last answer is written, and only then counts
+/// the request done: a stop waiting for it returns with the client holding
+/// the whole answer and its end. (Left to scope, the count went first and
+/// the socket after: a client read after `stop` could still find it open,
+/// 11 in 30 runs of the server tests beside two busy rigs.)
+fn close_then_done(conn: Connection, answering: Answering<'_>) {
+    drop(conn);
+    drop(answering);
 }
 
 /// Maps a request to an action, runs it, and maps the outcome to a response.
