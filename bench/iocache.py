@@ -456,14 +456,21 @@ def ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=True, tag=N
 
 
 def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_swap,
-                 balloon_mib):
+                 start_guest_mib):
     """The advisor from a starting configuration: every guest runs the cell
     traced, gets `ctl advise --apply`, switches its I/O mode and swap as
-    advised, and the cell runs again. Both cells' records and the advice."""
+    advised, and the cell runs again. Both cells' records and the advice.
+    START_GUEST_MIB: the guest's memory at the start, through the balloon
+    (`ctl balloon --guest-memory`: as much as a guest booted with that
+    much has, which is more than the VM's memory less that), or None for
+    no balloon."""
+    balloon_mib = 0
+    if start_guest_mib is not None:
+        for g in guests:
+            g.ctl("balloon", "--guest-memory", "%dM" % start_guest_mib)
+        balloon_mib = guests[0].ctl("balloon")["target_mib"]
     print("  advisor at size=%dM from io=%s swap=%s balloon=%dM" % (
         size, start_io, start_swap, balloon_mib), flush=True)
-    for g in guests:
-        g.ctl("balloon", "--target", mib_arg(balloon_mib))
     wait_balloon(args, guests, balloon_mib)
     set_swap(guests, start_swap)
     # Each configuration from its own settled caches, as in the table.
@@ -602,10 +609,10 @@ def run_boot(args, mem_label, mem_mib, disks, work, results):
                 results.extend(overhead_runs(args, guests, tracer, mem_label))
             if mem_label == "large" and size == min(args.sizes):
                 results.append(advised_runs(args, guests, disks, tracer, mem_label, size,
-                                            "direct", "on", mem_mib - args.small_mib))
+                                            "direct", "on", args.small_mib))
             if mem_label == "large" and size == max(args.sizes):
                 results.append(advised_runs(args, guests, disks, tracer, mem_label, size,
-                                            "buffered", "on", 0))
+                                            "buffered", "on", None))
         set_swap(guests, "off")
         for size in args.postmark_sizes:
             print("  postmark mem=%s size=%dM" % (mem_label, size), flush=True)

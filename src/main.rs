@@ -151,8 +151,13 @@ enum CtlCommandArg {
     /// Show the balloon (target, actual, guest statistics), or set its target.
     Balloon {
         /// Memory the balloon should hold, e.g. 256M or 1G.
-        #[arg(long, value_name = "SIZE")]
+        #[arg(long, value_name = "SIZE", conflicts_with = "guest_memory")]
         target: Option<SizeArg>,
+        /// Or the memory the guest should be left with, e.g. 128M: as much
+        /// as a guest booted with that much has (the balloon is sized for
+        /// what the kernel spent at boot on the memory it takes).
+        #[arg(long, value_name = "SIZE")]
+        guest_memory: Option<SizeArg>,
     },
     /// Show the paging mode, shadow-page budget and KVM MMU statistics, or
     /// change the budget.
@@ -519,10 +524,18 @@ fn ctl(args: CtlArgs) -> Result<ExitCode, String> {
         CtlCommandArg::Pause => api::CtlCommand::Pause,
         CtlCommandArg::Resume => api::CtlCommand::Resume,
         CtlCommandArg::Shutdown => api::CtlCommand::Shutdown,
-        CtlCommandArg::Balloon { target: None } => api::CtlCommand::Balloon,
+        CtlCommandArg::Balloon {
+            target: None,
+            guest_memory: None,
+        } => api::CtlCommand::Balloon,
         CtlCommandArg::Balloon {
             target: Some(SizeArg(bytes)),
-        } => api::CtlCommand::BalloonSet(bytes >> 20),
+            ..
+        } => api::CtlCommand::BalloonSet(api::BalloonTarget::balloon(bytes >> 20)),
+        CtlCommandArg::Balloon {
+            guest_memory: Some(SizeArg(bytes)),
+            ..
+        } => api::CtlCommand::BalloonSet(api::BalloonTarget::guest(bytes >> 20)),
         CtlCommandArg::Mmu { spt_pages: None } => api::CtlCommand::Mmu,
         CtlCommandArg::Mmu {
             spt_pages: Some(pages),

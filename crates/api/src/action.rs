@@ -388,12 +388,55 @@ pub struct MmuInfo {
     pub vcpu_stats: std::collections::BTreeMap<String, u64>,
 }
 
-/// Body of `PUT /api/v1/vm.balloon`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Body of `PUT /api/v1/vm.balloon`: one of the two fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BalloonTarget {
     /// How much guest memory the balloon should hold, in MiB.
-    pub target_mib: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_mib: Option<u64>,
+    /// Or how much the guest should be left with, in MiB: as much as a
+    /// guest booted with that much has (QEMU's `balloon` command asks in
+    /// these terms). The VMM sizes the balloon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_mib: Option<u64>,
+}
+
+/// What a [`BalloonTarget`] asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BalloonGoal {
+    /// The balloon holds this many MiB.
+    Balloon(u64),
+    /// The guest is left what a guest booted with this many MiB has.
+    Guest(u64),
+}
+
+impl BalloonTarget {
+    /// A balloon of `mib`.
+    pub fn balloon(mib: u64) -> BalloonTarget {
+        BalloonTarget {
+            target_mib: Some(mib),
+            guest_mib: None,
+        }
+    }
+
+    /// A guest of `mib`.
+    pub fn guest(mib: u64) -> BalloonTarget {
+        BalloonTarget {
+            target_mib: None,
+            guest_mib: Some(mib),
+        }
+    }
+
+    /// The one thing asked for, or why the body is not one request.
+    pub fn goal(&self) -> Result<BalloonGoal, &'static str> {
+        match (self.target_mib, self.guest_mib) {
+            (Some(mib), None) => Ok(BalloonGoal::Balloon(mib)),
+            (None, Some(mib)) => Ok(BalloonGoal::Guest(mib)),
+            (Some(_), Some(_)) => Err("give target_mib or guest_mib, not both"),
+            (None, None) => Err("give target_mib or guest_mib"),
+        }
+    }
 }
 
 /// Answer to `GET /api/v1/vm.balloon`.

@@ -202,8 +202,8 @@ pub enum CtlCommand {
     Shutdown,
     /// Print the balloon's target, actual size and guest statistics.
     Balloon,
-    /// Set the balloon's target size, in MiB.
-    BalloonSet(u64),
+    /// Set the balloon's target: its size, or the guest's.
+    BalloonSet(BalloonTarget),
     /// Print the paging mode, shadow-page budget and KVM MMU statistics.
     Mmu,
     /// Set the shadow-page budget.
@@ -280,9 +280,7 @@ impl CtlCommand {
             CtlCommand::Resume => ApiAction::Resume,
             CtlCommand::Shutdown => ApiAction::Shutdown,
             CtlCommand::Balloon => ApiAction::BalloonInfo,
-            CtlCommand::BalloonSet(target_mib) => {
-                ApiAction::BalloonSet(BalloonTarget { target_mib })
-            }
+            CtlCommand::BalloonSet(target) => ApiAction::BalloonSet(target),
             CtlCommand::Mmu => ApiAction::MmuInfo,
             CtlCommand::MmuSet(spt_pages) => ApiAction::MmuSet(MmuSettings { spt_pages }),
             CtlCommand::Display => ApiAction::DisplayInfo,

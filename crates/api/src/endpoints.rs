@@ -236,7 +236,7 @@ mod tests {
             ApiAction::Resume,
             ApiAction::Shutdown,
             ApiAction::BalloonInfo,
-            ApiAction::BalloonSet(crate::action::BalloonTarget { target_mib: 128 }),
+            ApiAction::BalloonSet(crate::action::BalloonTarget::balloon(128)),
             ApiAction::MmuInfo,
             ApiAction::MmuSet(crate::action::MmuSettings {
                 spt_pages: crate::action::SptPages::Auto,
@@ -286,7 +286,11 @@ mod tests {
             }),
         ];
         assert_eq!(actions.len(), ROUTES.len());
-        for action in actions {
+        // A route's other forms.
+        let others = [ApiAction::BalloonSet(crate::action::BalloonTarget::guest(
+            96,
+        ))];
+        for action in actions.into_iter().chain(others) {
             let spec = action.to_request().unwrap();
             let Lookup::Found(route) = lookup(spec.method.as_str(), spec.path) else {
                 panic!("no route for {action:?}");

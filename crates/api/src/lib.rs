@@ -51,11 +51,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use action::{
-    AdviseRequest, ApiAction, ApiError, ApiResponse, BalloonInfo, BalloonTarget, Boundaries,
-    DeviceInfo, DirtyMethod, DisplaySettings, DumpInfo, DumpRequest, ErrorBody, HostThread,
-    IoTraceAction, IoTraceRequest, LatencyHistogram, LatencyHistogramRequest, MemoryBacking,
-    MigrateRequest, MigrationMode, MmuInfo, MmuSettings, RefreshMode, SnapshotRequest, SptPages,
-    VcpuThread, VmController, VmInfo, VmState, VmmVersion,
+    AdviseRequest, ApiAction, ApiError, ApiResponse, BalloonGoal, BalloonInfo, BalloonTarget,
+    Boundaries, DeviceInfo, DirtyMethod, DisplaySettings, DumpInfo, DumpRequest, ErrorBody,
+    HostThread, IoTraceAction, IoTraceRequest, LatencyHistogram, LatencyHistogramRequest,
+    MemoryBacking, MigrateRequest, MigrationMode, MmuInfo, MmuSettings, RefreshMode,
+    SnapshotRequest, SptPages, VcpuThread, VmController, VmInfo, VmState, VmmVersion,
 };
 pub use client::{run_ctl, CtlCommand};
 pub use server::{ApiServer, ServerOptions};

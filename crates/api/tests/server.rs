@@ -106,10 +106,13 @@ impl VmController for FakeVmm {
                 actual_mib: 60,
                 stats: [("free_memory".to_string(), 1 << 20)].into_iter().collect(),
             })),
-            ApiAction::BalloonSet(target) if target.target_mib > 1024 => {
-                Err(ApiError::conflict("the target exceeds guest memory"))
-            }
-            ApiAction::BalloonSet(_) => Ok(ApiResponse::Empty),
+            ApiAction::BalloonSet(target) => match target.goal() {
+                Err(why) => Err(ApiError::bad_request(why)),
+                Ok(api::BalloonGoal::Balloon(mib)) if mib > 1024 => {
+                    Err(ApiError::conflict("the target exceeds guest memory"))
+                }
+                Ok(_) => Ok(ApiResponse::Empty),
+            },
             ApiAction::MmuInfo | ApiAction::MmuSet(_) => {
                 Err(ApiError::not_implemented("no MMU in the fake VMM"))
             }
@@ -960,21 +963,53 @@ fn balloon_endpoints_carry_their_json() {
     assert_eq!(info["actual_mib"], 60);
     assert_eq!(info["stats"]["free_memory"], 1 << 20);
     assert_eq!(
-        client::run_ctl(&h.path, &CtlCommand::BalloonSet(256)).unwrap(),
+        client::run_ctl(
+            &h.path,
+            &CtlCommand::BalloonSet(api::BalloonTarget::balloon(256))
+        )
+        .unwrap(),
         "balloon target set"
     );
     assert_eq!(
         h.vmm.actions.lock().unwrap().last(),
-        Some(&ApiAction::BalloonSet(api::BalloonTarget {
-            target_mib: 256
-        }))
+        Some(&ApiAction::BalloonSet(api::BalloonTarget::balloon(256)))
     );
-    let err = client::run_ctl(&h.path, &CtlCommand::BalloonSet(4096)).unwrap_err();
+    let err = client::run_ctl(
+        &h.path,
+        &CtlCommand::BalloonSet(api::BalloonTarget::balloon(4096)),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("409"), "{err}");
-    // A body that is not a target is refused with 400.
-    let (status, body) =
-        client::request(&h.path, "PUT", "/api/v1/vm.balloon", Some(r#"{"size": 3}"#)).unwrap();
-    assert_eq!(status, 400, "{body}");
+    // The guest's size instead, on the wire as guest_mib alone.
+    client::run_ctl(
+        &h.path,
+        &CtlCommand::BalloonSet(api::BalloonTarget::guest(96)),
+    )
+    .unwrap();
+    assert_eq!(
+        h.vmm.actions.lock().unwrap().last(),
+        Some(&ApiAction::BalloonSet(api::BalloonTarget::guest(96)))
+    );
+    let (status, body) = client::request(
+        &h.path,
+        "PUT",
+        "/api/v1/vm.balloon",
+        Some(r#"{"guest_mib": 96}"#),
+    )
+    .unwrap();
+    assert_eq!(status, 204, "{body}");
+    // A body that is not a target is refused with 400, as is one with
+    // both or neither, each saying why.
+    for (bad, why) in [
+        (r#"{"size": 3}"#, "size"),
+        (r#"{"target_mib": 3, "guest_mib": 96}"#, "not both"),
+        ("{}", "give target_mib or guest_mib"),
+    ] {
+        let (status, body) =
+            client::request(&h.path, "PUT", "/api/v1/vm.balloon", Some(bad)).unwrap();
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body.contains(why), "{bad}: {body}");
+    }
 }
 
 #[test]

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api::{
-    ApiAction, ApiError, ApiResponse, ApiServer, BalloonInfo, DeviceInfo, DisplaySettings,
-    HostThread, MigrateRequest, VcpuThread, VmController, VmInfo, VmState, VmmVersion,
+    ApiAction, ApiError, ApiResponse, ApiServer, BalloonGoal, BalloonInfo, DeviceInfo,
+    DisplaySettings, HostThread, MigrateRequest, VcpuThread, VmController, VmInfo, VmState,
+    VmmVersion,
 };
-use devices::virtio::balloon::BalloonControl;
+use devices::virtio::balloon::{balloon_mib_for_guest_mib, BalloonControl};
 use display::DisplayControl;
 
 use crate::boot::BootProtocol;
@@ -453,11 +454,20 @@ impl VmController for VmControl {
                 Ok(ApiResponse::Empty)
             }
             ApiAction::BalloonInfo => self.balloon_info(),
-            ApiAction::BalloonSet(target) => self
-                .balloon()?
-                .set_target_mib(target.target_mib)
-                .map(|()| ApiResponse::Empty)
-                .map_err(|e| ApiError::conflict(e.to_string())),
+            ApiAction::BalloonSet(target) => {
+                let balloon = self.balloon()?;
+                let target_mib = match target.goal().map_err(ApiError::bad_request)? {
+                    BalloonGoal::Balloon(mib) => mib,
+                    BalloonGoal::Guest(mib) => {
+                        balloon_mib_for_guest_mib(self.vm.description.memory_bytes, mib)
+                            .map_err(ApiError::bad_request)?
+                    }
+                };
+                balloon
+                    .set_target_mib(target_mib)
+                    .map(|()| ApiResponse::Empty)
+                    .map_err(|e| ApiError::conflict(e.to_string()))
+            }
             ApiAction::MmuInfo => Ok(ApiResponse::Mmu(self.vm.mmu.info())),
             ApiAction::MmuSet(settings) => {
                 let budget =

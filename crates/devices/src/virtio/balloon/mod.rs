@@ -20,6 +20,7 @@
 
 mod control;
 mod device;
+mod sizing;
 #[cfg(test)]
 mod tests;
 
@@ -27,6 +28,10 @@ pub use control::{BalloonControl, BalloonCounters, BalloonError, BalloonStats};
 #[doc(hidden)]
 pub use device::fuzzing;
 pub use device::{Balloon, BalloonState};
+pub use sizing::{
+    balloon_for_guest_bytes, balloon_mib_for_guest_mib, guest_bytes_with_balloon,
+    BOOT_OVERHEAD_PER_10K,
+};
 
 use crate::options::{invalid, Options, OptionsError};
 
