@@ -74,8 +74,9 @@ fn read_disk(vmm: &mut Vmm, kib: u64) -> String {
 
 /// Each guest task's pid, state, parent's pid, command and where in the
 /// kernel it waits, with the kernel stack of those running or in an
-/// uninterruptible wait.
-const GUEST_TASKS: &str = "for p in /proc/[0-9]*; do s=$(cut -d' ' -f3,4 $p/stat 2>/dev/null); echo \"${p#/proc/} $s $(cat $p/comm 2>/dev/null) $(cat $p/wchan 2>/dev/null)\"; case $s in R*|D*) cat $p/stack 2>/dev/null;; esac; done";
+/// uninterruptible wait; before and after, the guest's timer and IPI
+/// interrupt counts and its clocks (do its timers still fire?).
+const GUEST_TASKS: &str = "grep -E 'LOC|CAL|RES' /proc/interrupts; cat /proc/uptime; date +%s.%N; for p in /proc/[0-9]*; do s=$(cut -d' ' -f3,4 $p/stat 2>/dev/null); echo \"${p#/proc/} $s $(cat $p/comm 2>/dev/null) $(cat $p/wchan 2>/dev/null)\"; case $s in R*|D*) cat $p/stack 2>/dev/null;; esac; done; grep -E 'LOC|CAL|RES' /proc/interrupts; cat /proc/uptime; date +%s.%N";
 
 /// After a migration: the source ended with status 0, the destination's
 /// guest (API on `socket`) has the same blob and its counter keeps
