@@ -74,9 +74,11 @@ fn read_disk(vmm: &mut Vmm, kib: u64) -> String {
 
 /// Each guest task's pid, state, parent's pid, command and where in the
 /// kernel it waits, with the kernel stack of those running or in an
-/// uninterruptible wait; before and after, the guest's timer and IPI
-/// interrupt counts and its clocks (do its timers still fire?).
-const GUEST_TASKS: &str = "grep -E 'LOC|CAL|RES' /proc/interrupts; cat /proc/uptime; date +%s.%N; for p in /proc/[0-9]*; do s=$(cut -d' ' -f3,4 $p/stat 2>/dev/null); echo \"${p#/proc/} $s $(cat $p/comm 2>/dev/null) $(cat $p/wchan 2>/dev/null)\"; case $s in R*|D*) cat $p/stack 2>/dev/null;; esac; done; grep -E 'LOC|CAL|RES' /proc/interrupts; cat /proc/uptime; date +%s.%N";
+/// uninterruptible wait, or why its entry could not be read; before and
+/// after, the guest's timer and IPI interrupt counts, uptime, load, every
+/// task's children and the counter (do timers fire? are the loops'
+/// children there? did the listing itself unstick them?).
+const GUEST_TASKS: &str = "grep -E 'LOC|CAL|RES' /proc/interrupts; grep -H . /proc/[0-9]*/task/*/children 2>/dev/null; cat /proc/uptime /proc/loadavg /tmp/count; for p in /proc/[0-9]*; do s=$(cut -d' ' -f3,4 $p/stat 2>&1); echo \"${p#/proc/} $s $(cat $p/comm 2>&1) $(cat $p/wchan 2>/dev/null)\"; case $s in R*|D*) cat $p/stack 2>/dev/null;; esac; done; grep -E 'LOC|CAL|RES' /proc/interrupts; grep -H . /proc/[0-9]*/task/*/children 2>/dev/null; cat /proc/uptime /proc/loadavg /tmp/count";
 
 /// After a migration: the source ended with status 0, the destination's
 /// guest (API on `socket`) has the same blob and its counter keeps
