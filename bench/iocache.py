@@ -523,11 +523,6 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
         "gain": after["ops_s"] / before["ops_s"] if ok and before["ops_s"] else None}
 
 
-def mib_arg(mib):
-    """A size for `ctl balloon --target` (which takes 0, not 0M)."""
-    return "%dM" % mib if mib else "0"
-
-
 def wait_balloon(args, guests, target_mib, timeout=120):
     """Waits until every guest's balloon is within 4 MiB of TARGET_MIB; each
     guest's balloon as last seen: {actual_mib, total_mib (the guest's
