@@ -78,7 +78,7 @@ fn read_disk(vmm: &mut Vmm, kib: u64) -> String {
 /// after, the guest's timer and IPI interrupt counts, uptime, load, every
 /// task's children and the counter (do timers fire? are the loops'
 /// children there? did the listing itself unstick them?).
-const GUEST_TASKS: &str = "grep -E 'LOC|CAL|RES' /proc/interrupts; grep -H . /proc/[0-9]*/task/*/children 2>/dev/null; cat /proc/uptime /proc/loadavg /tmp/count; for p in /proc/[0-9]*; do s=$(cut -d' ' -f3,4 $p/stat 2>&1); echo \"${p#/proc/} $s $(cat $p/comm 2>&1) $(cat $p/wchan 2>/dev/null)\"; case $s in R*|D*) cat $p/stack 2>/dev/null;; esac; done; grep -E 'LOC|CAL|RES' /proc/interrupts; grep -H . /proc/[0-9]*/task/*/children 2>/dev/null; cat /proc/uptime /proc/loadavg /tmp/count";
+const GUEST_TASKS: &str = "state() { grep -E 'LOC|CAL|RES' /proc/interrupts; grep -H . /proc/[0-9]*/task/*/children 2>/dev/null; cat /proc/uptime /proc/loadavg /tmp/count; }; state; for p in /proc/[0-9]*; do s=$(cut -d' ' -f3,4 $p/stat 2>&1); echo \"${p#/proc/} $s $(cat $p/comm 2>&1) $(cat $p/wchan 2>/dev/null)\"; case $s in R*|D*) cat $p/stack 2>/dev/null;; esac; done; state";
 
 /// After a migration: the source ended with status 0, the destination's
 /// guest (API on `socket`) has the same blob and its counter keeps
