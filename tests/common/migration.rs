@@ -127,3 +127,42 @@ pub fn counter_started(vmm: &mut Vmm) -> u64 {
     std::thread::sleep(Duration::from_millis(500));
     counter(vmm)
 }
+
+/// Whether this host's kernel gives `MADV_HUGEPAGE` memory transparent
+/// huge pages (`enabled` is `always` or `madvise`).
+pub fn host_has_thp() -> bool {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .is_ok_and(|s| s.contains("[always]") || s.contains("[madvise]"))
+}
+
+/// The VmFlags of process `pid`'s mapping of `bytes` bytes (its guest
+/// RAM: no other mapping of a VMM is that large) and its AnonHugePages,
+/// KiB.
+pub fn ram_mapping(pid: i32, bytes: u64) -> (Vec<String>, u64) {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut inside = false;
+    let (mut flags, mut huge) = (None, 0);
+    for line in smaps.lines() {
+        let range = line.split_once(' ').and_then(|(r, _)| r.split_once('-'));
+        if let Some((Ok(a), Ok(b))) =
+            range.map(|(a, b)| (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)))
+        {
+            inside = b - a == bytes;
+        } else if inside {
+            if let Some(kib) = line.strip_prefix("AnonHugePages:") {
+                huge = kib
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse()
+                    .unwrap_or(0);
+            } else if let Some(f) = line.strip_prefix("VmFlags:") {
+                flags = Some(f.split_whitespace().map(String::from).collect());
+            }
+        }
+    }
+    (
+        flags.unwrap_or_else(|| panic!("process {pid} has no mapping of {bytes} bytes")),
+        huge,
+    )
+}

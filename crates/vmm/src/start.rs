@@ -81,7 +81,9 @@ impl Start {
             )?)));
         }
         if let Some(address) = &config.incoming {
-            return Ok(Start::Incoming(Incoming::bind(address)?));
+            return Ok(Start::Incoming(
+                Incoming::bind(address)?.with_huge_pages(config.memory.thp),
+            ));
         }
         check_boot_files(
             &config.kernel,

@@ -14,10 +14,12 @@
 //!   (`MADV_POPULATE_WRITE`, or a write to each page on older kernels).
 //! - `shared=on`: `MAP_SHARED | MAP_ANONYMOUS` instead of private memory.
 //!
-//! A migration destination (`run --incoming`) registers RAM with
-//! userfaultfd and places 4 KiB pages one at a time: there THP is off (and
-//! `vm.info` says why), and `hugepages=on`, `prefault=on` and `shared=on`
-//! are refused.
+//! A migration destination (`run --incoming`) may have to register RAM
+//! with userfaultfd and place 4 KiB pages one at a time (postcopy, or a
+//! hybrid's switch to it): THP is off until it is known not to (a
+//! precopy's hello) or no longer to (a postcopy complete), then
+//! [`advise_huge_pages`] turns it on, as QEMU does after postcopy (`vm.info`
+//! says so); `hugepages=on`, `prefault=on` and `shared=on` are refused.
 //!
 //! The regions keep vm-memory's dirty bitmap (`AtomicBitmap`), which
 //! records the VMM's own writes for migration, whatever the backing.
@@ -44,7 +46,7 @@ const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
 const THP_SHMEM_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
 /// Why THP is off on a migration destination.
 const THP_OFF_FOR_UFFD: &str =
-    "off on a migration destination: postcopy places 4 KiB pages (userfaultfd)";
+    "off on a migration destination until a precopy starts or a postcopy completes: postcopy places 4 KiB pages (userfaultfd)";
 
 /// Guest RAM as `--memory` describes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -389,6 +391,26 @@ fn map_checked(
         regions.push(region);
     }
     GuestMemoryMmap::from_regions(regions).map_err(|e| Error::GuestMemory(e.to_string()))
+}
+
+/// Lets a migration destination's RAM (mapped `MADV_NOHUGEPAGE` by
+/// [`map_ram`]) have transparent huge pages, once no page of it is left to
+/// userfaultfd: a precopy writes every page whole, and a postcopy that
+/// completed has placed them all. A huge page faulted in before then
+/// would be zeros where the source's pages have not come yet, and
+/// userfaultfd would never be asked for them. Pages already here are
+/// collapsed by khugepaged over time; those written from now on are huge
+/// at once where the host allows.
+pub fn advise_huge_pages(host: *mut u8, len: usize) {
+    // SAFETY: the caller's range is guest RAM this process mapped and
+    // keeps mapped; MADV_HUGEPAGE changes how it is backed, not what it
+    // holds. It fails (EINVAL) only on kernels without THP.
+    if unsafe { libc::madvise(host.cast(), len, libc::MADV_HUGEPAGE) } != 0 {
+        tracing::debug!(
+            "MADV_HUGEPAGE on guest RAM: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 /// One region of `len` bytes.
@@ -806,7 +828,7 @@ mod tests {
     }
 
     #[test]
-    fn thp_off_and_migration_destinations_say_nohugepage() {
+    fn thp_off_and_migration_destinations_say_nohugepage_until_advised() {
         if host_thp_setting(false).is_none() {
             return; // a kernel without THP: nothing to advise
         }
@@ -824,6 +846,17 @@ mod tests {
                     "{config} uffd={uffd}: {entry}"
                 );
                 assert!(!flags.contains(&"hg".to_string()), "{entry}");
+            }
+            // A destination's RAM once a precopy starts or a postcopy
+            // completes.
+            if uffd {
+                for region in mem.iter() {
+                    advise_huge_pages(region.as_ptr(), region.len() as usize);
+                    let entry = smaps_entry(region.as_ptr());
+                    let flags = vm_flags(&entry);
+                    assert!(flags.contains(&"hg".to_string()), "{entry}");
+                    assert!(!flags.contains(&"nh".to_string()), "{entry}");
+                }
             }
         }
     }

@@ -25,7 +25,8 @@ use super::protocol::{
 };
 use super::source::{StateEnvelope, VmPauser};
 use super::status::{MigrationStatus, Phase, SharedStatus};
-use super::{unix_now_ns, Hello, MigrationError};
+use super::{unix_now_ns, Hello, MigrationError, MigrationMode};
+use crate::memory::backing::advise_huge_pages;
 use crate::memory::GuestMemoryMmap;
 use crate::snapshot::state::{MachineState, VmSnapshot};
 use crate::snapshot::HAKONIWA_VERSION;
@@ -42,6 +43,9 @@ pub struct Incoming {
     listener: TcpListener,
     address: String,
     auth: Auth,
+    /// `--memory thp=on`: RAM gets transparent huge pages once no page of
+    /// it is left to userfaultfd.
+    huge_pages: bool,
 }
 
 impl Incoming {
@@ -62,7 +66,15 @@ impl Incoming {
             listener,
             address,
             auth,
+            huge_pages: false,
         })
+    }
+
+    /// Whether guest RAM should have transparent huge pages (`--memory
+    /// thp=on`) once a precopy starts or a postcopy completes.
+    pub fn with_huge_pages(mut self, on: bool) -> Incoming {
+        self.huge_pages = on;
+        self
     }
 
     /// Where it listens (with the port the kernel picked for port 0).
@@ -134,6 +146,14 @@ impl Incoming {
         write_message(&mut writer, &Message::Welcome(b"{}".to_vec()))?;
 
         let layout = RamLayout::new(memory);
+        // A precopy writes every page whole (a postcopy or a hybrid may
+        // leave pages to userfaultfd: their RAM stays small until done).
+        let precopy_only = hello.mode == MigrationMode::Precopy;
+        if self.huge_pages && precopy_only {
+            for (host, len) in layout.host_ranges() {
+                advise_huge_pages(host as *mut u8, len);
+            }
+        }
         let status = Arc::new(SharedStatus::new(MigrationStatus::new(
             "destination",
             hello.mode,
@@ -168,6 +188,12 @@ impl Incoming {
                     }
                     Some(shared) => shared.place(kind, first, None, count as usize)?,
                 },
+                // Huge pages may hold zeros for pages never sent.
+                Message::Postcopy { .. } if precopy_only => {
+                    return Err(MigrationError::Stream(StreamError::Corrupt(
+                        "a switch to postcopy in a precopy migration".into(),
+                    )));
+                }
                 Message::Postcopy { discard } if postcopy.is_none() => {
                     discard_pages(&history, &written, &discard)?;
                     let received = std::mem::replace(&mut written, PageBitmap::new(0));
@@ -257,6 +283,7 @@ impl Incoming {
                 let pauser: Arc<Mutex<Option<Arc<dyn VmPauser>>>> = Arc::new(Mutex::new(None));
                 let pages = {
                     let (shared, status, pauser) = (shared.clone(), status.clone(), pauser.clone());
+                    let huge_pages = self.huge_pages;
                     let wait = ResumeWait {
                         listener: self.listener,
                         auth: self.auth,
@@ -267,7 +294,7 @@ impl Incoming {
                         .name("postcopy-pages".into())
                         .spawn(move || {
                             sandbox::enter_or_exit(sandbox::ThreadKind::PostcopyPages);
-                            receive_pages(reader, wait, &shared, &status, &pauser)
+                            receive_pages(reader, wait, &shared, &status, &pauser, huge_pages)
                         })
                         .map_err(|e| {
                             MigrationError::Invalid(format!("cannot start a thread: {e}"))
@@ -687,6 +714,7 @@ fn receive_pages(
     shared: &PostcopyShared,
     status: &SharedStatus,
     pauser: &Mutex<Option<Arc<dyn VmPauser>>>,
+    huge_pages: bool,
 ) {
     let pause = || {
         if let Some(pauser) = pauser.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
@@ -702,6 +730,9 @@ fn receive_pages(
         match result {
             Ok(()) => {
                 shared.unregister();
+                if huge_pages {
+                    shared.allow_huge_pages();
+                }
                 status.finish(Phase::Completed, None);
                 let s = status.get();
                 say!(
@@ -1095,7 +1126,7 @@ mod tests {
     #[test]
     fn a_stream_that_fails_after_the_hello_is_refused_back_to_the_source() {
         type Breaks = Box<dyn Fn(&mut TcpStream) + Send>;
-        let broken: [(&str, Breaks); 3] = [
+        let broken: [(&str, Breaks); 4] = [
             (
                 "checksum",
                 Box::new(|t| {
@@ -1117,6 +1148,16 @@ mod tests {
                 "before the VM's state",
                 Box::new(|t| {
                     write_message(t, &Message::Running { at_unix_ns: 1 })
+                        .map(drop)
+                        .unwrap()
+                }),
+            ),
+            // The hello said precopy: RAM may have huge pages, which hold
+            // zeros where a postcopy would wait for the source's pages.
+            (
+                "a switch to postcopy in a precopy migration",
+                Box::new(|t| {
+                    write_message(t, &Message::Postcopy { discard: vec![] })
                         .map(drop)
                         .unwrap()
                 }),
@@ -1152,6 +1193,88 @@ mod tests {
                 Ok(Message::Refused(why)) => assert_eq!(why, err.to_string()),
                 other => panic!("{word}: the source heard {other:?}"),
             }
+        }
+    }
+
+    /// Huge pages of the mapping at `host` in this process, KiB.
+    fn anon_huge_kib(host: usize) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_once(' ').and_then(|(r, _)| r.split_once('-'));
+            if let Some((Ok(a), Ok(b))) =
+                range.map(|(a, b)| (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)))
+            {
+                inside = (a..b).contains(&host);
+            } else if let Some(kib) = line.strip_prefix("AnonHugePages:").filter(|_| inside) {
+                return kib.trim().trim_end_matches("kB").trim().parse().unwrap();
+            }
+        }
+        panic!("no mapping holds {host:#x}")
+    }
+
+    #[test]
+    fn a_precopy_destinations_ram_takes_huge_pages_where_the_host_gives_them() {
+        use crate::memory::backing::{host_thp_setting, map_ram, MemoryConfig};
+        use crate::migration::protocol::MAX_RUN_PAGES;
+        use vm_memory::GuestMemoryBackend;
+        const RAM: usize = 16 << 20;
+        let mut huge = Vec::new();
+        for huge_pages in [false, true] {
+            let memory = map_ram(
+                &MemoryConfig::new(RAM as u64),
+                &[(GuestAddress(0), RAM)],
+                true,
+            )
+            .unwrap();
+            let incoming = Incoming::bind(&"tcp:127.0.0.1:0,auth=none".parse().unwrap())
+                .unwrap()
+                .with_huge_pages(huge_pages);
+            let port: u16 = incoming
+                .address()
+                .rsplit(':')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let source = std::thread::spawn(move || {
+                let mut t = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                send_hello(&mut t, RAM as u64);
+                assert!(matches!(
+                    read_message(&mut t).unwrap().0,
+                    Message::Welcome(_)
+                ));
+                // All of RAM, not zero, then a stream that ends early.
+                let run = vec![0x5a; MAX_RUN_PAGES * PAGE_SIZE];
+                for first in (0..(RAM / PAGE_SIZE) as u64).step_by(MAX_RUN_PAGES) {
+                    let data = run.clone();
+                    let pages = Message::Pages {
+                        kind: PageKind::Precopy,
+                        first,
+                        data,
+                    };
+                    write_message(&mut t, &pages).unwrap();
+                }
+                write_message(&mut t, &Message::Running { at_unix_ns: 1 }).unwrap();
+                read_message(&mut t).map(|(m, _)| m)
+            });
+            let ours = machine(RAM as u64, 1, &[]);
+            let err = incoming.receive(&memory, &ours, &|| Ok(())).err().unwrap();
+            assert!(err.to_string().contains("before the VM's state"), "{err}");
+            source.join().unwrap().unwrap();
+            let host = memory.iter().next().unwrap().as_ptr() as usize;
+            huge.push(anon_huge_kib(host));
+        }
+        // Not advised (thp=off): never huge. Advised: huge where this
+        // host's THP setting allows it (a 16 MiB mapping holds at least
+        // seven aligned 2 MiB pages; the kernel may still fall back to
+        // small pages when it finds no free huge page).
+        assert_eq!(huge[0], 0, "{huge:?}");
+        if matches!(
+            host_thp_setting(false).as_deref(),
+            Some("always" | "madvise")
+        ) {
+            assert!(huge[1] >= 2048, "{huge:?}");
         }
     }
 

@@ -532,6 +532,15 @@ impl PostcopyShared {
         }
     }
 
+    /// Every page is here and RAM is plain memory again: it may have
+    /// transparent huge pages (khugepaged collapses the 4 KiB pages
+    /// placed so far), as QEMU's RAM after postcopy.
+    pub fn allow_huge_pages(&self) {
+        for (host, len) in self.layout.host_ranges() {
+            crate::memory::backing::advise_huge_pages(host as *mut u8, len);
+        }
+    }
+
     pub fn all_received(&self) -> bool {
         self.missing() == 0
     }
