@@ -24,6 +24,7 @@ fn main() {
     migration_stream();
     snapshot_file();
     vsock_tx();
+    vsock_queues();
     virtio_pci();
     net_queues();
     balloon_queues();
@@ -291,6 +292,75 @@ fn vsock_tx() {
     ]
     .concat();
     put("vsock_tx", "host_connects", &host_connects);
+}
+
+/// The whole vsock device: a guest that takes the host program's
+/// connection and exchanges data over its rx and tx queues, one that
+/// connects to a host service, and a restored device resetting the
+/// transport.
+fn vsock_queues() {
+    use devices::virtio::fuzzing::{ring_input, DATA};
+    use devices::virtio::vsock::fuzzing::*;
+    use devices::virtio::vsock::packet::*;
+    const W: u16 = 2;
+    let rx: Vec<(u64, u32, u16)> = (0..4)
+        .map(|i| (DATA + 0x4000 + i * 0x1000, 0x1000, W))
+        .collect();
+    let rx: Vec<&[(u64, u32, u16)]> = rx.iter().map(std::slice::from_ref).collect();
+    let seed = |control: u8, tx: &[Vec<u8>], events: &[u8], evq: &[&[(u64, u32, u16)]]| {
+        // tx packets lie one after the other from DATA, a chain each.
+        let packets: Vec<Vec<u8>> = tx.iter().map(|c| c[2..].to_vec()).collect();
+        let mut at = DATA;
+        let mut tx_chains = Vec::new();
+        for p in &packets {
+            tx_chains.push([(at, p.len() as u32, 0u16)]);
+            at += p.len() as u64;
+        }
+        let tx_chains: Vec<&[(u64, u32, u16)]> = tx_chains.iter().map(|c| &c[..]).collect();
+        let mut input = vec![control];
+        input.extend_from_slice(&ring_input(&rx));
+        input.extend_from_slice(&ring_input(&tx_chains));
+        input.extend_from_slice(&ring_input(evq));
+        input.push(events.len() as u8);
+        input.extend_from_slice(events);
+        input.extend(packets.concat());
+        input
+    };
+    let host_connects = seed(
+        EVENT_IDX,
+        &[
+            vsock_chain(OP_RESPONSE, 5000, 1 << 30, b""),
+            vsock_chain(OP_RW, 5000, 1 << 30, b"hello from the guest"),
+        ],
+        &[
+            EVENT_HOST_TURN,
+            EVENT_HOST_TURN,
+            EVENT_TX_KICK,
+            EVENT_HOST_WRITE,
+            EVENT_HOST_TURN,
+            EVENT_RX_KICK,
+        ],
+        &[],
+    );
+    put("vsock_queues", "host_connects", &host_connects);
+    let guest_connects = seed(
+        0,
+        &[
+            vsock_chain(OP_REQUEST, 1025, LISTENING_PORT, b""),
+            vsock_chain(OP_RW, 1025, LISTENING_PORT, b"hello from the guest"),
+            vsock_chain(OP_SHUTDOWN, 1025, LISTENING_PORT, b""),
+        ],
+        &[EVENT_TX_KICK, EVENT_HOST_TURN, EVENT_RX_KICK],
+        &[],
+    );
+    put("vsock_queues", "guest_connects", &guest_connects);
+    let restored = seed(
+        RESTORED,
+        &[],
+        &[EVENT_EVENT_KICK, EVENT_HOST_TURN],
+        &[&[(DATA + 0x3000, 8, W)]],
+    );
+    put("vsock_queues", "restored", &restored);
 }
 
 /// A driver setting up an rng and a balloon (with statistics) the way

@@ -76,6 +76,11 @@ impl VsockHandler {
         }
     }
 
+    /// The muxer, for the fuzz target's host turns.
+    pub(super) fn muxer(&mut self) -> &mut VsockMuxer {
+        &mut self.muxer
+    }
+
     /// Sends a TRANSPORT_RESET event on the first run (a restored device).
     pub(super) fn owe_transport_reset(&mut self) {
         self.transport_reset_pending = true;
@@ -83,7 +88,7 @@ impl VsockHandler {
 
     /// Tells the guest, in a buffer of the event queue, that the transport
     /// was reset; without a buffer, waits for the guest to post one.
-    fn send_transport_reset(&mut self) {
+    pub(super) fn send_transport_reset(&mut self) {
         if !self.transport_reset_pending {
             return;
         }
@@ -119,7 +124,7 @@ impl VsockHandler {
     }
 
     /// Hands every guest packet on tx to the muxer.
-    fn process_tx(&mut self) {
+    pub(super) fn process_tx(&mut self) {
         self.tx_deferred = false;
         let mut used = 0usize;
         loop {
@@ -162,7 +167,7 @@ impl VsockHandler {
     }
 
     /// Fills rx buffers with packets for the guest.
-    fn process_rx(&mut self) {
+    pub(super) fn process_rx(&mut self) {
         let mut used = false;
         let mut retried = false;
         while self.muxer.has_rx() {
