@@ -1046,6 +1046,17 @@ mod tests {
         })
     }
 
+    /// The port `incoming` listens on.
+    fn port_of(incoming: &Incoming) -> u16 {
+        incoming
+            .address()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
     fn send_hello(out: &mut impl std::io::Write, memory_bytes: u64) {
         let h = hello(machine(memory_bytes, 1, &[]));
         write_message(out, &Message::Hello(serde_json::to_vec(&h).unwrap())).unwrap();
@@ -1167,13 +1178,7 @@ mod tests {
             let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 * PAGE_SIZE)]).unwrap();
             let ours = machine(4 * PAGE_SIZE as u64, 1, &[]);
             let incoming = Incoming::bind(&"tcp:127.0.0.1:0,auth=none".parse().unwrap()).unwrap();
-            let port: u16 = incoming
-                .address()
-                .rsplit(':')
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap();
+            let port = port_of(&incoming);
             let source = std::thread::spawn(move || {
                 let mut t = TcpStream::connect(("127.0.0.1", port)).unwrap();
                 send_hello(&mut t, 4 * PAGE_SIZE as u64);
@@ -1230,13 +1235,7 @@ mod tests {
             let incoming = Incoming::bind(&"tcp:127.0.0.1:0,auth=none".parse().unwrap())
                 .unwrap()
                 .with_huge_pages(huge_pages);
-            let port: u16 = incoming
-                .address()
-                .rsplit(':')
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap();
+            let port = port_of(&incoming);
             let source = std::thread::spawn(move || {
                 let mut t = TcpStream::connect(("127.0.0.1", port)).unwrap();
                 send_hello(&mut t, RAM as u64);
