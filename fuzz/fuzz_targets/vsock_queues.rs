@@ -6,22 +6,10 @@
 //! `devices::virtio::vsock::fuzzing::queues`.
 #![no_main]
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
+use hakoniwa_fuzz::socket_dir;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {
     // Failing to create host sockets or eventfds is the host's problem.
     let _ = devices::virtio::vsock::fuzzing::queues(socket_dir(), input);
 });
-
-/// A directory of this fuzzing process for the device's Unix sockets.
-fn socket_dir() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("hakoniwa-fuzz-vsockq-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    })
-}

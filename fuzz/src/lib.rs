@@ -57,3 +57,14 @@ pub fn repair_checksums(file: &mut [u8]) {
         section = end;
     }
 }
+
+/// A directory of this fuzzing process for a device's Unix sockets (the
+/// vsock targets'), made on first use.
+pub fn socket_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("hakoniwa-fuzz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    })
+}

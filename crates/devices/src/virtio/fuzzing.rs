@@ -169,6 +169,16 @@ impl Ring {
     }
 }
 
+/// The first `N` rings ([`Ring::nth`]), written from `input` in turn
+/// ([`Ring::write_from`]): a device's queues, in index order.
+pub fn rings_from<const N: usize>(mem: &GuestMemoryMmap, input: &mut Input) -> [Ring; N] {
+    std::array::from_fn(|n| {
+        let ring = Ring::nth(n as u64);
+        ring.write_from(mem, input);
+        ring
+    })
+}
+
 /// Input for [`Ring::write_from`] offering `chains`, each a list of
 /// (address, length, flags) descriptors chained in table order (for
 /// seeds and tests).

@@ -16,7 +16,9 @@ use super::handler::{handle_packet, ReaderLen, VsockHandler};
 use super::muxer::VsockMuxer;
 use super::packet::{HDR_LEN, HOST_CID, MAX_PKT_PAYLOAD};
 use super::{VsockMetrics, EVENT_QUEUE, QUEUE_SIZE, RX_QUEUE, TX_QUEUE};
-use crate::virtio::fuzzing::{guest_memory, write_data, CountingInterrupt, Input, Ring, RING_SIZE};
+use crate::virtio::fuzzing::{
+    guest_memory, rings_from, write_data, CountingInterrupt, Input, Ring, RING_SIZE,
+};
 
 /// The guest's CID in the fuzzed device.
 pub const GUEST_CID: u64 = 3;
@@ -155,10 +157,7 @@ pub fn queues(dir: &std::path::Path, input: &[u8]) -> io::Result<QueuesOutcome> 
     let mut input = Input(input);
     let control = input.u8();
     let mem = guest_memory();
-    let rings = [Ring::nth(0), Ring::nth(1), Ring::nth(2)];
-    for ring in &rings {
-        ring.write_from(&mem, &mut input);
-    }
+    let rings: [Ring; 3] = rings_from(&mem, &mut input);
     let events: Vec<u8> = {
         let n = usize::from(input.u8() % 32);
         input.bytes(n).iter().map(|&b| b % 5).collect()

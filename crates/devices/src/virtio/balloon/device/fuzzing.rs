@@ -12,7 +12,7 @@ use super::{
     TOKEN_INFLATE, TOKEN_STATS, TOKEN_WAKE,
 };
 use crate::virtio::fuzzing::{
-    guest_memory, write_data, CountingInterrupt, Input, Ring, RING_INPUT_LEN, RING_SIZE,
+    guest_memory, rings_from, write_data, CountingInterrupt, Input, Ring, RING_INPUT_LEN, RING_SIZE,
 };
 use crate::virtio::worker::WorkerHandler;
 
@@ -42,10 +42,7 @@ pub fn queues(input: &[u8]) -> std::io::Result<BalloonCounters> {
     let mut input = Input(input);
     let control = input.u8();
     let mem = guest_memory();
-    let rings = [Ring::nth(0), Ring::nth(1), Ring::nth(2)];
-    for ring in &rings {
-        ring.write_from(&mem, &mut input);
-    }
+    let rings: [Ring; 3] = rings_from(&mem, &mut input);
     let events: Vec<usize> = {
         let n = usize::from(input.u8() % 16);
         input

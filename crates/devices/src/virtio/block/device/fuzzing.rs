@@ -12,7 +12,7 @@ use vmm_sys_util::epoll::EventSet;
 use super::{ActiveQueues, Block, QueueDevice, DONE_TOKEN, KICK_TOKEN, RETRY_TOKEN};
 use crate::virtio::block::{BlockConfig, MemDisk, SERIAL_LEN};
 use crate::virtio::fuzzing::{
-    guest_memory, write_data, CountingInterrupt, Input, Ring, RING_INPUT_LEN, RING_SIZE,
+    guest_memory, rings_from, write_data, CountingInterrupt, Input, Ring, RING_INPUT_LEN, RING_SIZE,
 };
 use crate::virtio::worker::WorkerHandler;
 use crate::virtio::COMMON_FEATURES;
@@ -59,10 +59,7 @@ pub fn device(input: &[u8]) -> std::io::Result<()> {
     let mut input = Input(input);
     let control = input.u8();
     let mem = guest_memory();
-    let rings = [Ring::nth(0), Ring::nth(1)];
-    for ring in &rings {
-        ring.write_from(&mem, &mut input);
-    }
+    let rings: [Ring; 2] = rings_from(&mem, &mut input);
     let n = usize::from(input.u8() % 32);
     let ops: Vec<(u8, u16)> = (0..n)
         .map(|_| {

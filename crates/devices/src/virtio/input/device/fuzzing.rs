@@ -13,7 +13,8 @@ use super::{
     TOKEN_STATUSQ, TOKEN_WAKE,
 };
 use crate::virtio::fuzzing::{
-    guest_memory, write_data, CountingInterrupt, Input as Bytes, Ring, RING_INPUT_LEN, RING_SIZE,
+    guest_memory, rings_from, write_data, CountingInterrupt, Input as Bytes, Ring, RING_INPUT_LEN,
+    RING_SIZE,
 };
 use crate::virtio::input::config::{CONFIG_SIZE, PAYLOAD_SIZE};
 use crate::virtio::worker::WorkerHandler;
@@ -58,10 +59,7 @@ pub fn queues(input: &[u8]) -> std::io::Result<u64> {
     let mut input = Bytes(input);
     let control = input.u8();
     let mem = guest_memory();
-    let rings = [Ring::nth(0), Ring::nth(1)];
-    for ring in &rings {
-        ring.write_from(&mem, &mut input);
-    }
+    let rings: [Ring; 2] = rings_from(&mem, &mut input);
     let ops_count = usize::from(input.u8()) % MAX_OPS;
     let kind = if control & TABLET != 0 {
         InputKind::Tablet
