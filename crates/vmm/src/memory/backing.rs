@@ -401,15 +401,18 @@ fn map_checked(
 /// userfaultfd would never be asked for them. Pages already here are
 /// collapsed by khugepaged over time; those written from now on are huge
 /// at once where the host allows.
-pub fn advise_huge_pages(host: *mut u8, len: usize) {
-    // SAFETY: the caller's range is guest RAM this process mapped and
-    // keeps mapped; MADV_HUGEPAGE changes how it is backed, not what it
-    // holds. It fails (EINVAL) only on kernels without THP.
-    if unsafe { libc::madvise(host.cast(), len, libc::MADV_HUGEPAGE) } != 0 {
-        tracing::debug!(
-            "MADV_HUGEPAGE on guest RAM: {}",
-            std::io::Error::last_os_error()
-        );
+/// `ranges`: (host address, length) of each RAM mapping.
+pub fn advise_huge_pages(ranges: impl IntoIterator<Item = (usize, usize)>) {
+    for (host, len) in ranges {
+        // SAFETY: the caller's range is guest RAM this process mapped and
+        // keeps mapped; MADV_HUGEPAGE changes how it is backed, not what
+        // it holds. It fails (EINVAL) only on kernels without THP.
+        if unsafe { libc::madvise(host as *mut libc::c_void, len, libc::MADV_HUGEPAGE) } != 0 {
+            tracing::debug!(
+                "MADV_HUGEPAGE on guest RAM: {}",
+                std::io::Error::last_os_error()
+            );
+        }
     }
 }
 
@@ -513,7 +516,7 @@ fn map_error(config: &MemoryConfig, error: &MmapRegionError) -> BackingError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use vm_memory::bitmap::Bitmap;
     use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryRegion};
 
@@ -745,7 +748,7 @@ mod tests {
     }
 
     /// The /proc/self/smaps entry of the mapping that holds `addr`.
-    fn smaps_entry(addr: *const u8) -> String {
+    pub(crate) fn smaps_entry(addr: *const u8) -> String {
         let addr = addr as u64;
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         let mut entry = None::<String>;
@@ -851,7 +854,7 @@ mod tests {
             // completes.
             if uffd {
                 for region in mem.iter() {
-                    advise_huge_pages(region.as_ptr(), region.len() as usize);
+                    advise_huge_pages([(region.as_ptr() as usize, region.len() as usize)]);
                     let entry = smaps_entry(region.as_ptr());
                     let flags = vm_flags(&entry);
                     assert!(flags.contains(&"hg".to_string()), "{entry}");

@@ -150,9 +150,7 @@ impl Incoming {
         // leave pages to userfaultfd: their RAM stays small until done).
         let precopy_only = hello.mode == MigrationMode::Precopy;
         if self.huge_pages && precopy_only {
-            for (host, len) in layout.host_ranges() {
-                advise_huge_pages(host as *mut u8, len);
-            }
+            advise_huge_pages(layout.host_ranges());
         }
         let status = Arc::new(SharedStatus::new(MigrationStatus::new(
             "destination",
@@ -1201,30 +1199,14 @@ mod tests {
         }
     }
 
-    /// Huge pages of the mapping at `host` in this process, KiB.
-    fn anon_huge_kib(host: usize) -> u64 {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut inside = false;
-        for line in smaps.lines() {
-            let range = line.split_once(' ').and_then(|(r, _)| r.split_once('-'));
-            if let Some((Ok(a), Ok(b))) =
-                range.map(|(a, b)| (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)))
-            {
-                inside = (a..b).contains(&host);
-            } else if let Some(kib) = line.strip_prefix("AnonHugePages:").filter(|_| inside) {
-                return kib.trim().trim_end_matches("kB").trim().parse().unwrap();
-            }
-        }
-        panic!("no mapping holds {host:#x}")
-    }
-
     #[test]
     fn a_precopy_destinations_ram_takes_huge_pages_where_the_host_gives_them() {
+        use crate::memory::backing::tests::smaps_entry;
         use crate::memory::backing::{host_thp_setting, map_ram, MemoryConfig};
         use crate::migration::protocol::MAX_RUN_PAGES;
         use vm_memory::GuestMemoryBackend;
         const RAM: usize = 16 << 20;
-        let mut huge = Vec::new();
+        let mut huge: Vec<u64> = Vec::new();
         for huge_pages in [false, true] {
             let memory = map_ram(
                 &MemoryConfig::new(RAM as u64),
@@ -1261,8 +1243,10 @@ mod tests {
             let err = incoming.receive(&memory, &ours, &|| Ok(())).err().unwrap();
             assert!(err.to_string().contains("before the VM's state"), "{err}");
             source.join().unwrap().unwrap();
-            let host = memory.iter().next().unwrap().as_ptr() as usize;
-            huge.push(anon_huge_kib(host));
+            let entry = smaps_entry(memory.iter().next().unwrap().as_ptr());
+            let kib = entry.lines().find_map(|l| l.strip_prefix("AnonHugePages:"));
+            let kib = kib.and_then(|k| k.trim().trim_end_matches("kB").trim().parse().ok());
+            huge.push(kib.unwrap_or_else(|| panic!("no AnonHugePages: {entry}")));
         }
         // Not advised (thp=off): never huge. Advised: huge where this
         // host's THP setting allows it (a 16 MiB mapping holds at least

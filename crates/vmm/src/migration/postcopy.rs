@@ -536,9 +536,7 @@ impl PostcopyShared {
     /// transparent huge pages (khugepaged collapses the 4 KiB pages
     /// placed so far), as QEMU's RAM after postcopy.
     pub fn allow_huge_pages(&self) {
-        for (host, len) in self.layout.host_ranges() {
-            crate::memory::backing::advise_huge_pages(host as *mut u8, len);
-        }
+        crate::memory::backing::advise_huge_pages(self.layout.host_ranges());
     }
 
     pub fn all_received(&self) -> bool {
