@@ -86,6 +86,11 @@ impl VsockHandler {
         self.transport_reset_pending = true;
     }
 
+    /// Whether the TRANSPORT_RESET is still to be sent.
+    pub(super) fn owes_transport_reset(&self) -> bool {
+        self.transport_reset_pending
+    }
+
     /// Tells the guest, in a buffer of the event queue, that the transport
     /// was reset; without a buffer, waits for the guest to post one.
     pub(super) fn send_transport_reset(&mut self) {
