@@ -2,8 +2,10 @@
 //! the function's BAR (common configuration with its status state machine
 //! and queue setup, ISR, device configuration, notifications, MSI-X table
 //! and PBA) and PCI configuration space at any offset and size, guest
-//! memory writes (rings, buffers) and snapshots in between, against a real
-//! rng or balloon that serves its queues once the driver sets DRIVER_OK.
+//! memory writes (rings, buffers), snapshots in between and restores of
+//! the function's saved state, changed field by field, into a new
+//! function, against a real rng or balloon that serves its queues once
+//! the driver sets DRIVER_OK.
 //! Needs /dev/kvm (ioeventfds and MSI routes): `scripts/fuzz` skips it
 //! where KVM is not usable. Layout and checks:
 //! `devices::virtio::pci::fuzzing::accesses`.

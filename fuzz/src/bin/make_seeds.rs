@@ -390,6 +390,18 @@ fn virtio_pci() {
         .common(0x14, 0)
         .driver_init(3, 16, 0);
     put("virtio_pci", "balloon", &balloon.0);
+    // A serving balloon restored into a new function, unchanged, then
+    // with its queue positions moved; the new one serves on.
+    let restored = Ops::new(BALLOON | BALLOON_STATS)
+        .driver_init(3, 16, 0)
+        .memory(0x1000, &0x21u32.to_le_bytes())
+        .offer(0, 0, 0x1000, 4, 0)
+        .restore(&[])
+        .offer(1, 0, 0x1000, 4, 0)
+        .restore(&[(17, 1, 0x0001_0001)])
+        .offer(2, 0, 0x1100, 60, 0)
+        .read(0x2000, 8);
+    put("virtio_pci", "restored", &restored.0);
 }
 
 /// Well-formed rx buffers and tx frames, with and without mergeable rx

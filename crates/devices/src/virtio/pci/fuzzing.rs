@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use kvm_ioctls::{Kvm, VmFd};
 
-use super::{VirtioPciDevice, VirtioPciError, BAR_SIZE, COMMON_FIELDS, NOTIFY};
+use super::{VirtioPciDevice, VirtioPciError, VirtioPciState, BAR_SIZE, COMMON_FIELDS, NOTIFY};
 use crate::bus::BusDevice;
 use crate::interrupt::MsiRouting;
 use crate::pci::{PciDevice, PCI_MMIO_START};
@@ -22,11 +22,17 @@ use crate::virtio::balloon::{Balloon, BalloonConfig};
 use crate::virtio::fuzzing::{guest_memory, Input, REGION1_END};
 use crate::virtio::rng::{Rng, RngConfig};
 use crate::virtio::VirtioDevice;
+use crate::GuestMemoryMmap;
 
 /// Functions one VM serves before it is replaced.
 const FUNCTIONS_PER_VM: u64 = 64;
 /// Accesses one input makes at most.
 const MAX_OPS: usize = 512;
+/// Restores one input makes at most (each a new function: the VM's 64
+/// must hold a whole input).
+const MAX_RESTORES: usize = 8;
+/// Op 6 with this bit: restore rather than snapshot.
+pub const RESTORE: u8 = 8;
 
 /// Input byte 0: the device is a balloon (else an rng).
 pub const BALLOON: u8 = 1;
@@ -63,19 +69,20 @@ impl Host {
         })
     }
 
-    /// A new function wrapping `device` at a BAR no other function of
-    /// this VM had; `None` when the VM is used up (or the guest moved an
-    /// earlier function's BAR onto this one).
+    /// A new function wrapping `device` over `memory` at a BAR no other
+    /// function of this VM had; `None` when the VM is used up (or the
+    /// guest moved an earlier function's BAR onto this one).
     fn function(
         &mut self,
         device: Box<dyn VirtioDevice>,
+        memory: GuestMemoryMmap,
     ) -> Option<Result<VirtioPciDevice, VirtioPciError>> {
         if self.functions >= FUNCTIONS_PER_VM {
             return None;
         }
         let bar = PCI_MMIO_START + self.functions * BAR_SIZE;
         self.functions += 1;
-        match VirtioPciDevice::new(device, self.vm.clone(), &self.routing, guest_memory(), bar) {
+        match VirtioPciDevice::new(device, self.vm.clone(), &self.routing, memory, bar) {
             Err(VirtioPciError::IoEventFd(_)) => None,
             other => Some(other),
         }
@@ -96,6 +103,138 @@ fn device(control: u8) -> Box<dyn VirtioDevice> {
     } else {
         Box::new(Rng::new(RngConfig::default()))
     }
+}
+
+/// Restores `state`, changed as `input` says ([`mutate`]), into `fresh`,
+/// a new function of the same VM; returns it, resumed, if it took the
+/// state. The state keeps its BAR where `fresh`'s is (a snapshot is
+/// restored into a VMM that places the function where it was) unless a
+/// change moves it.
+///
+/// Panics if a function that took the state does not resume, or cannot
+/// save it again; and if it took the state unchanged but saves another
+/// (but for the BAR's address, which is its own).
+fn restore_mutated(
+    mut fresh: VirtioPciDevice,
+    mut state: VirtioPciState,
+    input: &mut Input,
+) -> Option<VirtioPciDevice> {
+    state.bar_address = fresh.bar_address;
+    let changes = mutate(&mut state, input);
+    fresh.restore_state(&state).ok()?;
+    let again = fresh
+        .save_state()
+        .unwrap_or_else(|e| panic!("a restored function cannot save its state: {e}"));
+    if changes == 0 {
+        let same_but_bar = |s: &VirtioPciState| {
+            let mut s = s.clone();
+            s.config_space[BAR_DWORDS].fill(0);
+            s
+        };
+        assert_eq!(
+            same_but_bar(&again),
+            same_but_bar(&state),
+            "a function restored from a state saves another"
+        );
+    }
+    fresh
+        .resume()
+        .unwrap_or_else(|e| panic!("a restored function does not resume: {e}"));
+    Some(fresh)
+}
+
+/// Configuration space's BAR registers (dwords 4 to 9).
+const BAR_DWORDS: std::ops::RangeInclusive<usize> = 4..=9;
+
+/// Changes `state` as `input` says: a count (mod 8), then that many
+/// changes, each a selector byte (mod 20), an index byte and a u64 value
+/// (cut to the field). Returns the count.
+///
+/// Selectors: 0 a configuration dword, 1 configuration space cut to
+/// `index` dwords, 2 the BAR address, 3 the status, 4 and 5 the feature
+/// selectors, 6 the driver's features, 7 the queue selector, 8 the
+/// configuration generation, 9 the configuration vector, 10 the ISR, 11
+/// activated (bit 0), 12 a queue added (bit 0) or removed, 13-17 a
+/// queue's (`index` mod their number) size, ready flag, ring addresses
+/// (`index` bits 4-5: descriptors, driver, device), vector, positions
+/// (next available, next used: the low and high 16 bits), 18 an MSI-X
+/// entry's field (`index` bits 4-5: address low, high, data, control), 19
+/// an MSI-X pending bit, or the table cut (value bit 1).
+fn mutate(state: &mut VirtioPciState, input: &mut Input) -> u8 {
+    let count = input.u8() % 8;
+    for _ in 0..count {
+        let selector = input.u8() % 20;
+        let index = usize::from(input.u8());
+        let value = input.u64();
+        let (v16, v32) = (value as u16, value as u32);
+        let pick = |len: usize| (len > 0).then(|| index % len);
+        match selector {
+            0 => {
+                if let Some(i) = pick(state.config_space.len()) {
+                    state.config_space[i] = v32;
+                }
+            }
+            1 => state.config_space.truncate(index),
+            2 => state.bar_address = value,
+            3 => state.status = value as u8,
+            4 => state.device_feature_select = v32,
+            5 => state.driver_feature_select = v32,
+            6 => state.driver_features = value,
+            7 => state.queue_select = v16,
+            8 => state.config_generation = value as u8,
+            9 => state.config_vector = v16,
+            10 => state.isr = v16,
+            11 => state.activated = value & 1 != 0,
+            12 => {
+                if value & 1 != 0 {
+                    let copy = state.queues.last().cloned();
+                    state.queues.extend(copy);
+                } else {
+                    state.queues.pop();
+                }
+            }
+            13..=17 => {
+                let Some(i) = pick(state.queues.len()) else {
+                    continue;
+                };
+                let q = &mut state.queues[i];
+                match selector {
+                    13 => q.size = v16,
+                    14 => q.ready = value & 1 != 0,
+                    15 => match (index >> 4) % 3 {
+                        0 => q.desc = value,
+                        1 => q.driver = value,
+                        _ => q.device = value,
+                    },
+                    16 => q.vector = v16,
+                    _ => {
+                        q.next_avail = v16;
+                        q.next_used = (value >> 16) as u16;
+                    }
+                }
+            }
+            18 => {
+                let Some(i) = pick(state.msix.entries.len()) else {
+                    continue;
+                };
+                let e = &mut state.msix.entries[i];
+                match (index >> 4) & 3 {
+                    0 => e.address_lo = v32,
+                    1 => e.address_hi = v32,
+                    2 => e.data = v32,
+                    _ => e.control = v32,
+                }
+            }
+            _ => {
+                if value & 2 != 0 {
+                    state.msix.entries.truncate(index);
+                } else if let Some(i) = pick(state.msix.pending.len()) {
+                    state.msix.pending[i] = value & 1 != 0;
+                }
+            }
+        }
+    }
+    count
 }
 
 /// The BAR offset and access size of a BAR op (see [`accesses`]).
@@ -129,23 +268,28 @@ fn bar_access(op: u8, input: &mut Input) -> (u64, usize) {
 /// - 5: write a common configuration field whole: a field index (mod 19)
 ///   and 8 bytes of value;
 /// - 6: snapshot: the function's state is taken (its device brought to
-///   rest) and it resumes;
+///   rest) and it resumes; with [`RESTORE`] (bit 3; at most
+///   [`MAX_RESTORES`] times) the state, changed as the input says
+///   ([`mutate`]), is restored into a new function, which the driver
+///   then uses (the old one resumes if the new one refused it);
 /// - 7: notify queue (a byte, mod 4) by an MMIO write.
 ///
 /// At the end the driver resets the device. Panics if the function
-/// misreports its number of queues or is not reset by a status of 0.
-/// Returns `None` when `host`'s VM is used up: the caller starts a new
-/// one and tries again.
-pub fn accesses(host: &mut Host, input: &[u8]) -> Option<Result<(), VirtioPciError>> {
+/// misreports its number of queues or is not reset by a status of 0, or
+/// as [`restore_mutated`] says.
+/// Returns how many restores the new function took, or `None` when
+/// `host`'s VM is used up: the caller starts a new one and tries again.
+pub fn accesses(host: &mut Host, input: &[u8]) -> Option<Result<usize, VirtioPciError>> {
     let mut input = Input(input);
     let control = input.u8();
     let device = device(control);
     let queue_count = device.queue_max_sizes().len() as u64;
-    let mut pci = match host.function(device)? {
+    let mem = guest_memory();
+    let mut pci = match host.function(device, mem.clone())? {
         Ok(pci) => pci,
         Err(e) => return Some(Err(e)),
     };
-    let mem = pci.memory.clone();
+    let (mut restores, mut restored) = (0, 0);
     for _ in 0..MAX_OPS {
         if input.is_empty() {
             break;
@@ -195,6 +339,26 @@ pub fn accesses(host: &mut Host, input: &[u8]) -> Option<Result<(), VirtioPciErr
                 let value = input.u64().to_le_bytes();
                 pci.write(offset, &value[..width as usize]);
             }
+            6 if op & RESTORE != 0 && restores < MAX_RESTORES => {
+                restores += 1;
+                let Ok(state) = pci.save_state() else {
+                    continue;
+                };
+                // The same guest memory, as a restored VM has its RAM.
+                let fresh = match host.function(self::device(control), mem.clone())? {
+                    Ok(fresh) => fresh,
+                    Err(e) => return Some(Err(e)),
+                };
+                match restore_mutated(fresh, state, &mut input) {
+                    Some(function) => {
+                        pci = function;
+                        restored += 1;
+                    }
+                    None => {
+                        let _ = pci.resume();
+                    }
+                }
+            }
             6 => {
                 // A device that cannot be brought to rest says so; it
                 // must not panic.
@@ -212,7 +376,7 @@ pub fn accesses(host: &mut Host, input: &[u8]) -> Option<Result<(), VirtioPciErr
     let mut status = [0xffu8];
     pci.read(0x14, &mut status);
     assert_eq!(status[0], 0, "the device is not reset");
-    Some(Ok(()))
+    Some(Ok(restored))
 }
 
 /// Writes [`accesses`] input, for seeds and tests.
@@ -277,6 +441,18 @@ impl Ops {
 
     pub fn snapshot(mut self) -> Ops {
         self.0.push(6);
+        self
+    }
+
+    /// Restores the function's state into a new one, with `changes`
+    /// (selector, index, value; see [`mutate`]).
+    pub fn restore(mut self, changes: &[(u8, u8, u64)]) -> Ops {
+        self.0
+            .extend_from_slice(&[6 | RESTORE, changes.len() as u8]);
+        for &(selector, index, value) in changes {
+            self.0.extend_from_slice(&[selector, index]);
+            self.0.extend_from_slice(&value.to_le_bytes());
+        }
         self
     }
 
@@ -389,8 +565,37 @@ mod tests {
             .snapshot();
         accesses(&mut host, &balloon.0).unwrap().unwrap();
 
+        // A serving rng restored into a new function, unchanged, takes
+        // its state, saves the same and serves on from where it was; one
+        // whose queue has a size that is not a power of two, or whose
+        // MSI-X table lost a vector, is refused and the old one serves.
+        let rng = |changes: &[(u8, u8, u64)]| {
+            Ops::new(0)
+                .driver_init(1, 16, 0)
+                .offer(0, 0, 0x1000, 64, 2)
+                .restore(changes)
+                .offer(0, 1, 0x1000, 64, 2)
+        };
+        assert_eq!(accesses(&mut host, &rng(&[]).0).unwrap().unwrap(), 1);
+        assert_eq!(
+            accesses(&mut host, &rng(&[(13, 0, 3)]).0).unwrap().unwrap(),
+            0
+        );
+        assert_eq!(
+            accesses(&mut host, &rng(&[(19, 0, 2)]).0).unwrap().unwrap(),
+            0
+        );
+        // A state moved to another BAR is taken too.
+        let moved = PCI_MMIO_START + 63 * BAR_SIZE;
+        assert_eq!(
+            accesses(&mut host, &rng(&[(2, 0, moved)]).0)
+                .unwrap()
+                .unwrap(),
+            1
+        );
+
         // The MSI-X capability is where the seeds expect it.
-        let pci = host.function(device(0)).unwrap().unwrap();
+        let pci = host.function(device(0), guest_memory()).unwrap().unwrap();
         assert_eq!(pci.msix_cap_dword, usize::from(MSIX_CAP_DWORD));
     }
 }
