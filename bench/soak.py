@@ -32,6 +32,10 @@ hybrid         1 vCPU, 512 MiB. The data and counter, and a loop copying
 
 After each migration: the destination's shell answers, the counter
 advances, the data's md5sum is the source's, the dirtying job is alive.
+In hybrid, --counter-check says when the counter is read: once the
+copying loop is stopped (settled), while it runs (churn), or as the
+first commands on the destination, while it runs (first: what
+tests/guest_migration.rs's chain does).
 Each run has one outcome: ok, triple_fault, guest_panic, vmm_error, hang,
 data_mismatch, migration_failed, l1_panic or harness_error; a failing run
 keeps its evidence (consoles, stderrs, reports, hakoniwa's dumps, where
@@ -114,6 +118,23 @@ CMDLINE = GUEST_CMDLINE
 MODES = ["precopy-dirty", "postcopy-bg", "hybrid"]
 VMMS = ["hakoniwa", "qemu"]
 MEMORY_MIB = {"precopy-dirty": 512, "postcopy-bg": 1024, "hybrid": 512}
+# When hybrid reads the destination's counter (--counter-check), as the
+# report says it.
+COUNTER_CHECKS = ["settled", "churn", "first"]
+COUNTER_CHECK_TEXT = {
+    "settled": " (in hybrid once the copying loop is stopped)",
+    "churn": " (in hybrid while the copying loop still runs: --counter-check churn)",
+    "first": " (in hybrid as tests/guest_migration.rs's chain reads it: the first commands "
+             "on the destination, while the copying loop still runs: --counter-check first)",
+}
+
+
+def counter_check(params):
+    """A soak's --counter-check (soaks of 2026-11-27 said count_with_churn)."""
+    return params.get("counter_check") or (
+        "churn" if params.get("count_with_churn") else "settled")
+
+
 # Worst first: a run takes the first kind its evidence shows (classify).
 OUTCOMES = ["ok", "triple_fault", "guest_panic", "vmm_error", "hang", "data_mismatch",
             "migration_failed", "l1_panic", "harness_error"]
@@ -726,8 +747,32 @@ def migrate(ctx, vms, rec):
                       touch.group(6).decode())
 
 
+def stop_churn(ctx, dst):
+    """Stops hybrid's copying loop, which must still be running."""
+    out = guest_shell(dst, "kill %s && echo churn-stopped" % DIRTY_JOB, ctx.hang_timeout)
+    if "churn-stopped" not in out:
+        raise Failure("data_mismatch", "the copying loop is gone: %r" % out.strip()[-200:])
+
+
+def counter_advances(ctx, dst, work):
+    """The guest's counter is at least the source's last and moves within
+    1.5 s (two reads, each a shell command)."""
+    first = read_count(dst, ctx)
+    time.sleep(1.5)
+    second = read_count(dst, ctx)
+    if first < work["count_before"]:
+        raise Failure("data_mismatch", "the counter went back from %d (source) to %d" % (
+            work["count_before"], first))
+    if second <= first:
+        raise Failure("hang", "the guest's counter stopped at %d" % first)
+
+
 def after_checks(ctx, vms, mode, work):
     dst = vms.dst
+    # hybrid, --counter-check first: tests/guest_migration.rs's order.
+    early = mode == "hybrid" and ctx.counter_check == "first"
+    if early:
+        counter_advances(ctx, dst, work)
     if mode == "postcopy-bg":
         wait_guest(dst, PROMPT_RE, 0, ctx.hang_timeout, "the prompt after hk-memtouch")
     out = guest_shell(dst, "echo $((6*7))", ctx.hang_timeout)
@@ -744,18 +789,12 @@ def after_checks(ctx, vms, mode, work):
             raise Failure("data_mismatch", "the dirtying job is gone: `kill %s` says %r" % (
                 DIRTY_JOB, out.strip()[-200:]))
         wait_guest(dst, DIRTY_DONE, start, 60, "the dirtying job's last line")
-    elif mode == "hybrid":
-        out = guest_shell(dst, "kill %s && echo churn-stopped" % DIRTY_JOB, ctx.hang_timeout)
-        if "churn-stopped" not in out:
-            raise Failure("data_mismatch", "the copying loop is gone: %r" % out.strip()[-200:])
-    first = read_count(dst, ctx)
-    time.sleep(1.5)
-    second = read_count(dst, ctx)
-    if first < work["count_before"]:
-        raise Failure("data_mismatch", "the counter went back from %d (source) to %d" % (
-            work["count_before"], first))
-    if second <= first:
-        raise Failure("hang", "the guest's counter stopped at %d" % first)
+    elif mode == "hybrid" and ctx.counter_check == "settled":
+        stop_churn(ctx, dst)
+    if not early:
+        counter_advances(ctx, dst, work)
+    if mode == "hybrid" and ctx.counter_check != "settled":
+        stop_churn(ctx, dst)
     md5 = guest_shell(dst, "md5sum /dev/shm/blob | cut -d' ' -f1", ctx.hang_timeout).strip()
     if md5 != work["md5"]:
         raise Failure("data_mismatch", "md5sum of the data: %s on the source, %r on the "
@@ -957,6 +996,7 @@ def worker(l1, ids, after_run=None):
     ctx.migrate_timeout = params["migrate_timeout"]
     ctx.kvm_trace = params["kvm_trace"]
     ctx.verify_pages = params.get("verify_pages", True)
+    ctx.counter_check = counter_check(params)
     # Private copies: the binary in the tree may be rebuilt while this runs
     # (a running process whose file is rewritten can crash), and the guest
     # files on a local file system for both VMMs.
@@ -1348,7 +1388,7 @@ def drive(args):
             check_rig_memory(args.parallel)
         params = {k: getattr(args, k) for k in (
             "runs", "modes", "vmms", "runs_per_l1", "hang_timeout", "migrate_timeout",
-            "kvm_trace", "verify_pages", "rig", "hakoniwa", "kernel", "initramfs", "qemu",
+            "kvm_trace", "verify_pages", "counter_check", "rig", "hakoniwa", "kernel", "initramfs", "qemu",
             "name", "parallel")}
         state = {"soak": "migration", "command": "scripts/migration-soak" + "".join(
                      " " + a for a in sys.argv[1:] if a != "--rig"),
@@ -1563,9 +1603,10 @@ def write_md(path, result):
              "syncs." % (" ".join(HK_MIGRATE["hybrid"]), HYBRID_MIB_S, QEMU_HYBRID_SYNCS))
     L.append("")
     L.append("After each migration, on the destination: the shell answers, the counter "
-             "advances over 1.5 s, the data's md5sum is the source's, the dirtying job "
+             "advances over 1.5 s%s, the data's md5sum is the source's, the dirtying job "
              "is alive. hakoniwa runs with `--dump-dir`%s where the binary has them "
              "(features per L1 below)." % (
+                 COUNTER_CHECK_TEXT[counter_check(params)],
                  " and `migrate --verify-pages`" if params.get("verify_pages", True) else
                  " (not `migrate --verify-pages`: --verify-pages off)"))
     L.append("")
@@ -1718,6 +1759,12 @@ def main():
     p.add_argument("--verify-pages", choices=["on", "off"], default="on",
                    help="hakoniwa's `migrate --verify-pages`, where the binary has it "
                         "(default on; it checksums every page while the guest is stopped)")
+    p.add_argument("--counter-check", choices=COUNTER_CHECKS, default="settled",
+                   help="when hybrid reads the destination's counter: settled (default), "
+                        "after a first shell command and with the copying loop stopped; "
+                        "churn, after that command with the loop still running; first, as "
+                        "tests/guest_migration.rs's chain does: the first commands, the "
+                        "loop still running")
     p.add_argument("--resume", action="store_true", help="continue the soak in build/soak")
     p.add_argument("--fresh", action="store_true",
                    help="start over even if build/soak holds an unfinished soak")
