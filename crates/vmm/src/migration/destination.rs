@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::address::MigrationAddress;
 use super::history::{PageHistory, WrongPage};
 use super::link::{Auth, Link, Stream};
-use super::pages::{is_zero_page, PageBitmap, RamLayout};
+use super::pages::{PageBitmap, RamAtRest, RamLayout};
 use super::postcopy::{guest_async_pf, FaultThread, PostcopyShared};
 use super::protocol::{
     read_message, write_message, Message, PageKind, StreamError, PAGE_SIZE, PROTOCOL_VERSION,
@@ -224,7 +224,11 @@ impl Incoming {
                         // the switch-over). Before any vCPU runs, so the
                         // source can take its guest back.
                         let arrived = postcopy.as_ref().map(|p| &p.received);
-                        verify_arrived(&history, arrived, &status)?;
+                        // SAFETY: no vCPU has run, no device is active and
+                        // postcopy's fault thread has not started: only
+                        // this thread writes RAM, and not while `ram` lives.
+                        let ram = unsafe { layout.at_rest() };
+                        verify_arrived(&history, &ram, arrived, &status)?;
                     }
                     if let Err(why) = take_disks() {
                         let _ = write_message(&mut writer, &Message::Refused(why.clone()));
@@ -518,20 +522,14 @@ fn write_pages(
                 first + k as u64
             )))
         })?;
-        let host = layout.host_of_index(index) as *mut u8;
         match data {
             Some(bytes) => {
-                let src = &bytes[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
-                // SAFETY: `host` is one page of guest RAM (the layout comes
-                // from the VM's memory); no vCPU runs yet, so nothing else
-                // writes it.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), host, PAGE_SIZE) };
+                layout.write_page(index, &bytes[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]);
                 written.set(index);
             }
             None => {
-                if written.get(index) && !is_zero_page(layout.page_bytes(index)) {
-                    // SAFETY: as above.
-                    unsafe { std::ptr::write_bytes(host, 0, PAGE_SIZE) };
+                if written.get(index) && !layout.is_zero(index) {
+                    layout.write_page(index, &[0u8; PAGE_SIZE]);
                 }
                 // Known to be zero, whether or not it is backed yet: a
                 // postcopy maps the zero page when the guest touches it
@@ -550,6 +548,7 @@ fn write_pages(
 /// many were checked; the first differences go to the report.
 fn verify_arrived(
     history: &PageHistory,
+    ram: &RamAtRest,
     arrived: Option<&PageBitmap>,
     status: &SharedStatus,
 ) -> Result<u64, MigrationError> {
@@ -565,7 +564,7 @@ fn verify_arrived(
         }
         // Reading a page not in memory would fault it in (and under
         // postcopy wait for the fault handler): it is zero.
-        let bytes = in_memory.then(|| layout.page_bytes(index));
+        let bytes = in_memory.then(|| ram.page(index));
         checked += 1;
         if let Err(w) = history.check(index, None, bytes) {
             wrong.push(w);
@@ -954,7 +953,10 @@ pub mod fuzzing {
                         .map_err(|e| MigrationError::Invalid(format!("state: {e}")))?;
                     check_state(&envelope.snapshot, machine)?;
                     if history.verifying() {
-                        verify_arrived(&history, None, &status)?;
+                        // SAFETY: the fuzzer's memory has no guest and no
+                        // devices; only this loop writes it.
+                        let ram = unsafe { layout.at_rest() };
+                        verify_arrived(&history, &ram, None, &status)?;
                     }
                 }
                 Message::Done => return Ok(()),
@@ -1281,7 +1283,9 @@ mod tests {
         let crc = super::super::history::page_crc(&data);
         // The source had page 3 non-zero: it never arrived.
         assert!(history.set_source_crcs(vec![zero, crc, zero, crc]));
-        let err = verify_arrived(&history, None, &status).unwrap_err();
+        // SAFETY: nothing else touches `memory` during the test.
+        let ram = unsafe { layout.at_rest() };
+        let err = verify_arrived(&history, &ram, None, &status).unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("--verify-pages: 1 of 4 pages differ from the source's; the first: page 0x3000 (never)"),
@@ -1297,7 +1301,7 @@ mod tests {
             arrived.set(i);
         }
         assert_eq!(
-            verify_arrived(&history, Some(&arrived), &status).unwrap(),
+            verify_arrived(&history, &ram, Some(&arrived), &status).unwrap(),
             3
         );
         // Nothing was faulted in to check it.
@@ -1325,7 +1329,7 @@ mod tests {
         let gone: Vec<usize> = (0..layout.pages()).filter(|&i| !written.get(i)).collect();
         assert_eq!(gone, vec![1, 2, 3, 6, 7, 10, 11, 12, 13]);
         for i in 0..layout.pages() {
-            let zero = is_zero_page(layout.page_bytes(i));
+            let zero = layout.is_zero(i);
             assert_eq!(zero, gone.contains(&i), "page index {i}");
         }
         // A run that runs past the end of RAM is refused.

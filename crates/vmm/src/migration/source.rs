@@ -22,7 +22,7 @@ use super::address::MigrationAddress;
 use super::dirty::RamDirtyLog;
 use super::history::page_crc;
 use super::link::{Auth, Link, Stream};
-use super::pages::{is_zero_page, PageBitmap, RamLayout};
+use super::pages::{PageBitmap, RamLayout};
 use super::protocol::{
     read_message, write_message, Message, PageKind, StreamError, MAX_RUN_PAGES, PAGE_SIZE,
     PROTOCOL_VERSION,
@@ -416,11 +416,11 @@ impl SourceJob {
         })?;
         // RAM is as the destination must end up with it from here on.
         let checksums = self.request.verify_pages.then(|| {
-            Message::Checksums(
-                (0..pages)
-                    .map(|i| page_crc(self.layout.page_bytes(i)))
-                    .collect(),
-            )
+            // SAFETY: the vCPUs are paused and the devices idle (their
+            // state was just collected), and `ram` is dropped before
+            // either can run again.
+            let ram = unsafe { self.layout.at_rest() };
+            Message::Checksums((0..pages).map(|i| page_crc(ram.page(i))).collect())
         });
 
         if !postcopy {
@@ -725,7 +725,7 @@ impl SourceJob {
         start: usize,
         len: usize,
     ) -> Result<(), MigrationError> {
-        let is_zero = |i| is_zero_page(self.layout.page_bytes(i));
+        let is_zero = |i| self.layout.is_zero(i);
         let runs = page_runs(start, len, |_| false, is_zero, usize::MAX);
         self.send_frames(out, kind, &runs)
     }
@@ -750,9 +750,7 @@ impl SourceJob {
                 }
             } else {
                 let mut data = Vec::with_capacity(count * PAGE_SIZE);
-                for k in run.start..run.start + count {
-                    data.extend_from_slice(self.layout.page_bytes(k));
-                }
+                self.layout.append_pages(run.start, count, &mut data);
                 Message::Pages { kind, first, data }
             };
             match kind {
@@ -931,7 +929,7 @@ impl SourceJob {
                             start,
                             span,
                             |i| sent.get(i),
-                            |i| is_zero_page(self.layout.page_bytes(i)),
+                            |i| self.layout.is_zero(i),
                         );
                         let len: usize = runs.iter().map(|r| r.len).sum();
                         for i in start..start + len {
