@@ -22,7 +22,7 @@ pub mod uring;
 use std::fmt;
 use std::io;
 use std::os::fd::RawFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::io::{AlignedBuf, DiskBackend};
 
@@ -166,17 +166,29 @@ pub trait IoEngine: Send {
 }
 
 /// Waits up to `timeout` for the engine's notifier to become readable;
-/// whether it did.
+/// whether it did. A signal that interrupts the wait (a vCPU kick,
+/// libFuzzer's timer) does not end it: only the deadline does.
 pub fn wait_for_completions(engine: &dyn IoEngine, timeout: Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: engine.notifier(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: one pollfd, valid for the call.
-    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-    n > 0
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: engine.notifier(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        // Rounded up, so that a wait of less than 1 ms still waits.
+        let ms = left.as_micros().div_ceil(1000);
+        let ms = libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one pollfd, valid for the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n >= 0 {
+            return n > 0;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted || left.is_zero() {
+            return false;
+        }
+    }
 }
 
 /// Sets up io_uring rings; tests put one that refuses in its place.
