@@ -331,3 +331,87 @@ fn a_source_killed_in_precopy_ends_the_destination_with_one_line() {
         "the destination's API came up: it ran the guest"
     );
 }
+
+/// The relay's page damage, without a guest: a stream whose last run
+/// before the checksums ends in zero pages (as a stop-and-copy's often
+/// does) still gets one page damaged, one that no zero frame after it
+/// clears, and only that byte. With the CRC left alone, the frame fails
+/// its own check. The relay once passed such a stream unharmed, and the
+/// migration it was meant to break went through (CI, 2026-11-27).
+#[test]
+fn the_relay_damages_a_page_that_stays_damaged() {
+    use std::io::Write as _;
+    use std::net::{TcpListener, TcpStream};
+    use vmm::migration::protocol::{read_message, write_message, Message, PageKind, PAGE_SIZE};
+
+    let sent = || {
+        vec![
+            Message::Pages {
+                kind: PageKind::Precopy,
+                first: 0,
+                data: vec![0x11; 2 * PAGE_SIZE],
+            },
+            Message::Pages {
+                kind: PageKind::Precopy,
+                first: 10,
+                data: vec![0x22; 3 * PAGE_SIZE],
+            },
+            Message::Zero {
+                kind: PageKind::Precopy,
+                first: 12,
+                count: 1,
+            },
+            Message::Zero {
+                kind: PageKind::Precopy,
+                first: 40,
+                count: 8,
+            },
+            Message::Checksums(vec![1, 2, 3]),
+        ]
+    };
+    for fix_crc in [true, false] {
+        let dst = TcpListener::bind("127.0.0.1:0").unwrap();
+        let relay = Relay::start(
+            dst.local_addr().unwrap().port(),
+            Fault::FlipPageByte { fix_crc },
+        );
+        let mut src = TcpStream::connect(("127.0.0.1", relay.port)).unwrap();
+        let (mut conn, _) = dst.accept().unwrap();
+        let mut stream = Vec::new();
+        for m in sent() {
+            write_message(&mut stream, &m).unwrap();
+        }
+        src.write_all(&stream).unwrap();
+        src.shutdown(std::net::Shutdown::Write).unwrap();
+
+        let mut got = Vec::new();
+        let refused = loop {
+            match read_message(&mut conn) {
+                Ok((m, _)) => got.push(m),
+                Err(e) => break e.to_string(),
+            }
+        };
+        if !fix_crc {
+            // The first pages frame passes; the second fails its CRC.
+            assert_eq!(got.len(), 1, "{refused}");
+            assert!(refused.contains("checksum"), "{refused}");
+            continue;
+        }
+        let want = sent();
+        assert_eq!(got.len(), want.len(), "{refused}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            if i != 1 {
+                assert_eq!(g, w, "frame {i}");
+            }
+        }
+        let Message::Pages {
+            first: 10, data, ..
+        } = &got[1]
+        else {
+            panic!("frame 1: {:?}", got[1].name());
+        };
+        // Page 12 is zeroed after; page 11 is the last one that stays.
+        let changed: Vec<usize> = (0..data.len()).filter(|&i| data[i] != 0x22).collect();
+        assert_eq!(changed, vec![PAGE_SIZE + 100]);
+    }
+}

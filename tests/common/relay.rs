@@ -22,7 +22,8 @@ pub enum Fault {
     /// Nothing: it only relays, until [`Relay::cut`].
     None,
     /// Changes one byte of the last `pages` frame before the checksums or
-    /// the state (the stop-and-copy's pages, which are not sent again).
+    /// the state (the stop-and-copy's pages, which are not sent again), in
+    /// a page no `zero` frame after it clears.
     /// `fix_crc`: the frame's CRC is computed again over the damaged
     /// payload, so only an end-to-end check can see it; otherwise the
     /// frame's own checksum no longer matches.
@@ -181,40 +182,35 @@ fn forward(mut from: TcpStream, mut into: TcpStream, fault: Fault, streams: &Str
             }
         }
         Fault::FlipPageByte { fix_crc } => {
-            // Each pages frame is held until the next frame shows whether
-            // it was the last before the checksums or the state: a page
-            // damaged earlier might be sent again, whole, in a later round.
-            let mut held: Option<Message> = None;
+            // The latest pages frame and the zero frames after it are held
+            // until the next frame shows whether they were the last before
+            // the checksums or the state: a page damaged earlier might be
+            // sent again, whole, in a later round, and a zero frame after
+            // it might clear it (the stop-and-copy's last run is often
+            // zero pages).
+            let mut held: Vec<Message> = Vec::new();
             let mut done = false;
             while let Ok((message, _)) = read_message(&mut from) {
-                let last_pages = matches!(message, Message::Checksums(_) | Message::State(_));
                 let mut frame = Vec::new();
-                if let Some(pages) = held.take() {
-                    match pages {
-                        Message::Pages {
-                            kind,
-                            first,
-                            mut data,
-                        } if last_pages && !done && fix_crc => {
-                            data[100] ^= 0x5a;
-                            write_message(&mut frame, &Message::Pages { kind, first, data })
-                                .unwrap();
-                            done = true;
+                match message {
+                    Message::Pages { .. } => {
+                        for m in held.drain(..) {
+                            write_message(&mut frame, &m).unwrap();
                         }
-                        pages => {
-                            write_message(&mut frame, &pages).unwrap();
-                            if last_pages && !done && !fix_crc {
-                                // The payload's last byte: page data.
-                                *frame.last_mut().unwrap() ^= 0x5a;
-                                done = true;
-                            }
-                        }
+                        held.push(message);
                     }
-                }
-                if matches!(message, Message::Pages { .. }) {
-                    held = Some(message);
-                } else {
-                    write_message(&mut frame, &message).unwrap();
+                    Message::Zero { .. } if !held.is_empty() => held.push(message),
+                    Message::Checksums(_) | Message::State(_) if !done && !held.is_empty() => {
+                        frame = damaged(std::mem::take(&mut held), fix_crc);
+                        write_message(&mut frame, &message).unwrap();
+                        done = true;
+                    }
+                    message => {
+                        for m in held.drain(..) {
+                            write_message(&mut frame, &m).unwrap();
+                        }
+                        write_message(&mut frame, &message).unwrap();
+                    }
                 }
                 if into.write_all(&frame).is_err() {
                     break;
@@ -238,4 +234,51 @@ fn forward(mut from: TcpStream, mut into: TcpStream, fault: Fault, streams: &Str
             let _ = into.shutdown(Shutdown::Write);
         }
     }
+}
+
+/// The frames `held` (a pages frame, then zero frames) encoded, with one
+/// byte changed in the last page of the pages frame that no zero frame
+/// after it clears; with `fix_crc`, the frame's CRC is computed over the
+/// damaged payload.
+fn damaged(held: Vec<Message>, fix_crc: bool) -> Vec<u8> {
+    use vmm::migration::protocol::PAGE_SIZE;
+    let mut frames = held.into_iter();
+    let Some(Message::Pages {
+        kind,
+        first,
+        mut data,
+    }) = frames.next()
+    else {
+        panic!("the relay holds no pages frame");
+    };
+    let zeros: Vec<Message> = frames.collect();
+    let cleared = |page: u64| {
+        zeros.iter().any(|z| match z {
+            Message::Zero { first, count, .. } => {
+                (*first..*first + u64::from(*count)).contains(&page)
+            }
+            _ => false,
+        })
+    };
+    let pages = (data.len() / PAGE_SIZE) as u64;
+    let page = (0..pages)
+        .rev()
+        .find(|i| !cleared(first + i))
+        .unwrap_or_else(|| {
+            panic!("every page of the last pages frame (from {first}) is cleared after it")
+        });
+    let at = page as usize * PAGE_SIZE + 100;
+    let mut out = Vec::new();
+    if fix_crc {
+        data[at] ^= 0x5a;
+        write_message(&mut out, &Message::Pages { kind, first, data }).unwrap();
+    } else {
+        write_message(&mut out, &Message::Pages { kind, first, data }).unwrap();
+        // The frame's 9-byte header, then the payload's own 9 (kind, first).
+        out[9 + 9 + at] ^= 0x5a;
+    }
+    for z in &zeros {
+        write_message(&mut out, z).unwrap();
+    }
+    out
 }
