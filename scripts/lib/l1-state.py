@@ -19,7 +19,9 @@ import socket
 import sys
 import time
 
-COMMANDS = ["info cpus", "info registers -a", "info pic", "info irq"]
+# "info status" first: a paused L1 (QEMU stops it on a host I/O error the
+# drive is not set to report, or on ENOSPC) is not a wedged one.
+COMMANDS = ["info status", "info cpus", "info registers -a", "info pic", "info irq"]
 
 
 def ask(path, commands, timeout=3.0):
@@ -69,6 +71,9 @@ def summary(answers):
     flags = re.findall(r"RFL=([0-9a-f]+)", registers)
     halted = re.findall(r"HLT=(\d)", registers)
     parts = []
+    status = answers.get("info status", "").strip()
+    if status and status != "VM status: running":
+        parts.append(status)
     for i, rip in enumerate(rips):
         part = "vCPU %d %s at %s" % (i, "halted" if i < len(halted) and halted[i] == "1"
                                       else "running", rip)
@@ -102,11 +107,17 @@ def main():
         print("%scannot ask L1's monitor %s: %s" % (label + ": " if label else "", monitor, err),
               file=sys.stderr if label else sys.stdout)
         return 1
-    with open(out, "w") as f:
-        for command, text in answers.items():
-            f.write("(qemu) %s\n%s\n" % (command, text))
+    # The summary is printed even when OUT cannot be written (a full disk
+    # is one reason an L1 stops): it is what a timed-out run leaves.
+    where = "all of it: %s" % out
+    try:
+        with open(out, "w") as f:
+            for command, text in answers.items():
+                f.write("(qemu) %s\n%s\n" % (command, text))
+    except OSError as err:
+        where = "cannot write %s: %s" % (out, err.strerror)
     if label:
-        print("%s: %s (all of it: %s)" % (label, summary(answers), out), file=sys.stderr)
+        print("%s: %s (%s)" % (label, summary(answers), where), file=sys.stderr)
     else:
         print(summary(answers))
     return 0
