@@ -4,6 +4,8 @@
 use std::io;
 use std::ptr::NonNull;
 
+use vm_memory::VolatileSlice;
+
 use crate::layout::{FbGeometry, PAGE_SIZE};
 
 /// The pixels the guest draws into. Kept separate from guest RAM so that
@@ -16,9 +18,9 @@ pub struct FramebufferMemory {
 }
 
 // SAFETY: the mapping is plain memory owned by this struct for its whole
-// life; every access goes through raw-pointer copies that tolerate the
-// guest writing concurrently (the guest is another agent on this memory
-// in any case).
+// life; every access goes through vm-memory's volatile copies, which
+// tolerate the guest writing concurrently (the guest is another agent on
+// this memory in any case).
 unsafe impl Send for FramebufferMemory {}
 // SAFETY: as above; &self methods only read.
 unsafe impl Sync for FramebufferMemory {}
@@ -77,38 +79,34 @@ impl FramebufferMemory {
         self.len == 0
     }
 
-    /// Copies page `page` out into `buf`.
+    /// The mapping as vm-memory sees guest memory: never a Rust slice,
+    /// since the guest writes it while we read, only volatile copies.
+    fn volatile(&self) -> VolatileSlice<'_> {
+        // SAFETY: `host` is our mapping of `len` bytes, readable and
+        // writable, unmapped only when self drops, which the returned
+        // slice's lifetime (that of &self) cannot outlive.
+        unsafe { VolatileSlice::new(self.host.as_ptr(), self.len) }
+    }
+
+    /// Copies page `page` out into `buf`. The guest may be writing the
+    /// page meanwhile: we get some mix of old and new bytes, which the
+    /// next detection period corrects, as on real hardware.
     pub fn read_page(&self, page: usize, buf: &mut [u8; PAGE_SIZE]) {
-        assert!(
-            (page + 1) * PAGE_SIZE <= self.len,
-            "page {page} out of range"
-        );
-        // SAFETY: the source range lies inside our mapping (checked above)
-        // and cannot overlap the caller's buffer. The guest may be writing
-        // the page meanwhile: we get some mix of old and new bytes, which
-        // the next detection period corrects, as on real hardware.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.host.as_ptr().add(page * PAGE_SIZE),
-                buf.as_mut_ptr(),
-                PAGE_SIZE,
-            )
-        };
+        let copied = self
+            .volatile()
+            .subslice(page * PAGE_SIZE, PAGE_SIZE)
+            .map(|s| s.copy_to(&mut buf[..]));
+        assert_eq!(copied.ok(), Some(PAGE_SIZE), "page {page} out of range");
     }
 
     /// Writes `bytes` at `offset` (tests and the VMM's own drawing, e.g. a
-    /// boot splash; the guest normally owns the pixels).
+    /// boot splash or a restored screen; the guest normally owns the
+    /// pixels).
     pub fn write(&self, offset: usize, bytes: &[u8]) {
-        assert!(offset + bytes.len() <= self.len, "write out of range");
-        // SAFETY: inside our mapping (checked above), no overlap with the
-        // caller's slice which is not framebuffer memory.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                self.host.as_ptr().add(offset),
-                bytes.len(),
-            )
-        };
+        self.volatile()
+            .subslice(offset, bytes.len())
+            .expect("write out of range")
+            .copy_from(bytes);
     }
 }
 
@@ -136,5 +134,19 @@ mod tests {
         fb.write(3 * PAGE_SIZE + 8, &[1, 2, 3, 4]);
         fb.read_page(3, &mut page);
         assert_eq!(&page[8..12], &[1, 2, 3, 4]);
+        // The last page, to its last byte.
+        let last = fb.len() / PAGE_SIZE - 1;
+        fb.write(fb.len() - 1, &[9]);
+        fb.read_page(last, &mut page);
+        assert_eq!((page[PAGE_SIZE - 1], page[0]), (9, 0));
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn a_page_past_the_end_is_refused() {
+        let g = FbGeometry::new(640, 480, Layout::Linear).unwrap();
+        let fb = FramebufferMemory::new(g).unwrap();
+        let mut page = [0u8; PAGE_SIZE];
+        fb.read_page(fb.len() / PAGE_SIZE, &mut page);
     }
 }
