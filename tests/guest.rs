@@ -10,12 +10,17 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{hakoniwa, require_hardware_kvm, run_to_end, Vmm, GUEST_TIMEOUT, PROMPT};
+use common::{hakoniwa, require_hardware_kvm, run_to_end, temp_socket, Vmm, GUEST_TIMEOUT, PROMPT};
 
 /// `hakoniwa run --exec` with extra flags: (status, stdout, stderr).
+/// With an API socket, so that a run that times out leaves a failure
+/// report of the VM (`ctl dump`) beside its threads.
 fn exec(flags: &[&str], command: &str) -> (i32, String, String) {
     require_hardware_kvm();
-    let mut args = vec!["run"];
+    static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let socket = temp_socket(&format!("exec-{run}"));
+    let mut args = vec!["run", "--api-socket", &socket];
     args.extend_from_slice(flags);
     args.extend_from_slice(&["--exec", command]);
     run_to_end(&args, GUEST_TIMEOUT)
