@@ -167,6 +167,15 @@ impl Ring {
         let len = mem.read_obj::<u32>(GuestAddress(at + 4)).unwrap_or(0);
         (u32::from_le(id), u32::from_le(len))
     }
+
+    /// The used ring's entries as far as its index says, at most a ring's
+    /// worth (an index past the size has wrapped over the first ones).
+    pub fn used_entries<'a>(
+        &'a self,
+        mem: &'a GuestMemoryMmap,
+    ) -> impl Iterator<Item = (u32, u32)> + 'a {
+        (0..self.used_idx(mem).min(RING_SIZE)).map(move |n| self.used_entry(mem, n))
+    }
 }
 
 /// The first `N` rings ([`Ring::nth`]), written from `input` in turn

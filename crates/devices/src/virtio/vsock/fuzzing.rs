@@ -221,8 +221,7 @@ pub fn queues(dir: &std::path::Path, input: &[u8]) -> io::Result<QueuesOutcome> 
     for (index, ring) in rings.iter().enumerate() {
         let used = ring.used_idx(&mem);
         outcome.used[index] = used;
-        for n in 0..used.min(RING_SIZE) {
-            let (id, len) = ring.used_entry(&mem, n);
+        for (id, len) in ring.used_entries(&mem) {
             outcome.used_bytes[index] += len as usize;
             if !outcome.rings_checked {
                 continue;

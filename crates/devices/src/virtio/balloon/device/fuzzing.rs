@@ -94,8 +94,7 @@ pub fn queues(input: &[u8]) -> std::io::Result<BalloonCounters> {
             u64::from(used) <= kicks(token) * u64::from(RING_SIZE) + kicks(TOKEN_WAKE),
             "{used} chains used"
         );
-        for n in 0..used.min(RING_SIZE) {
-            let (id, len) = ring.used_entry(&mem, n);
+        for (id, len) in ring.used_entries(&mem) {
             assert!(id < u32::from(RING_SIZE) && len == 0, "used ({id}, {len})");
         }
     }

@@ -133,9 +133,7 @@ pub fn queues(input: &[u8]) -> std::io::Result<u64> {
     // guest memory: event buffers may lie over the rings.
     let checked: &[Ring] = if delivered == 0 { &rings } else { &[] };
     for (ring, event_len) in checked.iter().zip([InputEvent::SIZE as u32, 0]) {
-        let used = ring.used_idx(&mem);
-        for n in 0..used.min(RING_SIZE) {
-            let (id, len) = ring.used_entry(&mem, n);
+        for (id, len) in ring.used_entries(&mem) {
             assert!(
                 id < u32::from(RING_SIZE) && (len == 0 || len == event_len),
                 "used ({id}, {len})"
