@@ -1,7 +1,7 @@
 //! hakoniwa's image locks against a real QEMU on the same image, both
 //! orders, read-write and read-only. No KVM: QEMU runs a TCG machine that
 //! never starts (`-S`), which is enough for it to open and lock its
-//! drive. Needs `qemu-system-x86_64` (the rig installs it).
+//! drive. Needs `qemu-system-x86_64` (scripts/test installs it first).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -55,7 +55,7 @@ impl Qemu {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {QEMU} (the rig installs it): {e}"));
+            .unwrap_or_else(|e| panic!("cannot run {QEMU} (scripts/test installs it): {e}"));
         Qemu(child)
     }
 
