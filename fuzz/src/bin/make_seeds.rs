@@ -584,6 +584,27 @@ fn block_device() {
         input.extend_from_slice(&headers);
         put("block_device", name, &input);
     }
+    // An image file with cache=none, threads and io_uring: the read goes
+    // into a buffer O_DIRECT cannot take (the page cache, under the direct
+    // gate), the write is O_DIRECT, on two queues at once.
+    let mixed = ring_input(&[
+        &[(DATA, 16, 0), (DATA + 0x201, 512, W), (DATA + 0x100, 1, W)],
+        &[
+            (DATA + 0x20, 16, 0),
+            (DATA + 0x400, 1024, 0),
+            (DATA + 0x101, 1, W),
+        ],
+        &[(DATA + 0x40, 16, 0), (DATA + 0x102, 1, W)],
+    ]);
+    for (name, engine) in [("file_direct", 0), ("file_direct_uring", URING)] {
+        let mut input = vec![FILE_DIRECT | FLUSH | TWO_QUEUES | engine];
+        input.extend_from_slice(&mixed);
+        input.extend_from_slice(&mixed);
+        input.push(4);
+        input.extend_from_slice(&[OP_KICK, OP_KICK | 1, OP_REAP, OP_REAP | 1]);
+        input.extend_from_slice(&headers);
+        put("block_device", name, &input);
+    }
 }
 
 /// The states real devices save (idle and active, with queues where a

@@ -70,6 +70,15 @@ impl DirectGate {
     }
 }
 
+impl DirectGate {
+    /// No O_DIRECT op and no buffered access holds the gate: what every
+    /// drained device must come back to (the fuzz harness checks it).
+    pub fn is_idle(&self) -> bool {
+        let s = self.lock();
+        s.direct == 0 && !s.buffered
+    }
+}
+
 /// A buffered access under way (see [`DirectGate::buffered`]).
 pub struct BufferedAccess<'a> {
     gate: &'a DirectGate,
