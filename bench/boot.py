@@ -97,8 +97,8 @@ class Vmm:
             if self.memory_options:
                 memory = "size=%s,%s" % (memory, self.memory_options)
             return [args.hakoniwa, "run", "--kernel", kernel, "--initramfs", initrd,
-                    "--cmdline", CMDLINE, "--cpus", "1", "--memory", memory]
-        return qemu_argv(args.qemu, kernel, initrd, CMDLINE, args.memory_mib,
+                    "--cmdline", CMDLINE, "--cpus", str(args.cpus), "--memory", memory]
+        return qemu_argv(args.qemu, kernel, initrd, CMDLINE, args.memory_mib, cpus=args.cpus,
                          machine=self.machine, accel=self.accel, extra=["-no-reboot"])
 
 
@@ -336,7 +336,7 @@ def one_run(args, vmm, kernel, initrd, index, warmup=False):
 
 def environment(args):
     return vmm_environment(RIG_NOTE, "times", args.hakoniwa, args.qemu, args.kernel,
-                           args.initramfs, CMDLINE, vcpus=1, memory_mib=args.memory_mib,
+                           args.initramfs, CMDLINE, vcpus=args.cpus, memory_mib=args.memory_mib,
                            initramfs_sha256=False)
 
 
@@ -425,11 +425,11 @@ def write_markdown(path, result, vmms):
                     "far beyond their native cost, so these ratios overstate differences "
                     "that come from the VMMs' own user-space work.")
     L.append("Same guest for every VMM: kernel %s (`%s`), initramfs `%s`, "
-             "1 vCPU, %d MiB, command line `%s`. %d measured runs per VMM, "
+             "%d vCPU(s), %d MiB, command line `%s`. %d measured runs per VMM, "
              "round-robin, after %d warm-up round(s) that are not counted."
              % (env["guest_kernel_package"] or env["guest_kernel_version"],
                 os.path.relpath(env["guest_kernel"], ROOT),
-                os.path.relpath(env["guest_initramfs"], ROOT), env["memory_mib"],
+                os.path.relpath(env["guest_initramfs"], ROOT), env["vcpus"], env["memory_mib"],
                 env["guest_cmdline"], result["runs_per_vmm"], result["warmup_rounds"]))
     L.append("")
     L.append("Median (min-max):")
@@ -550,6 +550,9 @@ def main():
                    help="QEMU -M value for qemu-microvm (default %s)" % MICROVM_MACHINE)
     add_path_options(p, "kernel", "initramfs", "hakoniwa", "qemu")
     p.add_argument("--memory-mib", type=int, default=512)
+    p.add_argument("--cpus", type=int, default=1,
+                   help="vCPUs of every guest (default 1; 4 with 2560 MiB is the "
+                   "shape of tests/guest.rs's four_cpus_and_2560m)")
     p.add_argument("--timeout", type=float, default=120,
                    help="seconds a run may take to reach the marker (default 120)")
     p.add_argument("--settle", type=float, default=1.0,
@@ -576,9 +579,9 @@ def main():
 
     env = environment(args)
     print("boot benchmark: %s" % env["note"], flush=True)
-    print("guest: %s, %s, 1 vCPU, %d MiB, cmdline %r" % (
+    print("guest: %s, %s, %d vCPU(s), %d MiB, cmdline %r" % (
         env["guest_kernel_version"], os.path.basename(args.initramfs),
-        args.memory_mib, CMDLINE), flush=True)
+        args.cpus, args.memory_mib, CMDLINE), flush=True)
 
     # Stage the guest files on a local file system (in the rig, /tmp is a
     # tmpfs while the project tree is 9p), the same copies for every VMM.
