@@ -148,43 +148,16 @@ impl Vmm {
     }
 
     /// For a timeout's panic message: each of hakoniwa's threads, its
-    /// name, state (R running, S sleeping, D in the kernel), where the
-    /// kernel holds it (`wchan`) and the top of its kernel stack (readable
-    /// as root, as in the rig): a VMM with no API, or one too stuck to
-    /// answer it, still says which thread waits where, and whether the
-    /// vCPUs are in the guest (R, `kvm_arch_vcpu_ioctl_run`) or halted.
+    /// name, state, `wchan` and kernel stack (root, as in the rig), read
+    /// from outside as the VMM's own failure reports read them: a VMM with
+    /// no API, or one too stuck to answer it, still says which thread
+    /// waits where, and whether the vCPUs are in the guest or halted.
     fn threads_for_timeout(&self) -> String {
-        let tasks = format!("/proc/{}/task", self.pid());
-        let Ok(dir) = std::fs::read_dir(&tasks) else {
-            return format!("(cannot list {tasks})");
-        };
-        let mut lines = Vec::new();
-        for task in dir.flatten() {
-            let path = task.path();
-            let read = |f: &str| std::fs::read_to_string(path.join(f)).unwrap_or_default();
-            let stat = read("stat");
-            // The state follows the name's closing parenthesis.
-            let state = stat
-                .rsplit_once(") ")
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                .unwrap_or("?")
-                .to_string();
-            let stack: Vec<String> = read("stack")
-                .lines()
-                .take(6)
-                .map(|l| l.split_whitespace().nth(1).unwrap_or(l).to_string())
-                .collect();
-            lines.push(format!(
-                "{} {} {} wchan={} stack={}",
-                task.file_name().to_string_lossy(),
-                read("comm").trim(),
-                state,
-                read("wchan").trim(),
-                stack.join("<")
-            ));
+        let threads = vmm::dump::threads_of(&self.pid().to_string());
+        if threads.is_empty() {
+            return format!("(cannot list /proc/{}/task)", self.pid());
         }
-        lines.sort();
-        lines.join("\n")
+        threads.join("\n")
     }
 
     pub fn pid(&self) -> i32 {

@@ -257,7 +257,13 @@ fn write_report(
 /// The VMM's threads: id, name, scheduler state and the kernel function
 /// each waits in (its kernel stack where readable, as root).
 fn threads() -> Vec<String> {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+    threads_of("self")
+}
+
+/// [`threads`] of process `pid` ("self" or a number): also what a test
+/// prints of a VMM that did not answer in time, from outside it.
+pub fn threads_of(pid: &str) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
     let mut out: Vec<String> = tasks
