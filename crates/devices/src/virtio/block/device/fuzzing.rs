@@ -119,7 +119,6 @@ pub fn device(input: &[u8]) -> std::io::Result<bool> {
         }
         None => Block::from_backend(config, disk.clone(), DISK_SIZE as u64, [b'f'; SERIAL_LEN]),
     };
-    let gate_disk = block.file.clone();
 
     let mut acked = COMMON_FEATURES;
     if control & EVENT_IDX == 0 {
@@ -176,7 +175,7 @@ pub fn device(input: &[u8]) -> std::io::Result<bool> {
         assert_eq!(handler.in_flight, 0, "a request was never answered");
     }
     drop(loops);
-    if let Some(file) = &gate_disk {
+    if let Some(file) = &block.file {
         let gate = file.direct_gate().expect("cache=none has a gate");
         assert!(gate.is_idle(), "the direct gate is still held");
     }
