@@ -862,12 +862,25 @@ struct ResumeWait {
 }
 
 impl ResumeWait {
-    /// Waits for the source to resume a postcopy: a resume hello for this
-    /// machine, from the source's certificate, gets a welcome and the
-    /// bitmap of the pages here; anything else is dropped or refused and
-    /// the wait goes on. Returns the new reading half; the writing half
-    /// goes to `shared`, which asks again for every page still awaited.
+    /// Waits for the source to resume a postcopy and takes it: a welcome
+    /// and the bitmap of the pages here. Returns the new reading half; the
+    /// writing half goes to `shared`, which asks again for every page still
+    /// awaited.
     fn accept_resume(&self, shared: &PostcopyShared) -> Result<Stream, MigrationError> {
+        let link = self.next_resume()?;
+        let reader = clone_stream(&link.stream)?;
+        let mut writer = link.stream;
+        write_message(&mut writer, &Message::Welcome(b"{}".to_vec()))?;
+        write_message(&mut writer, &Message::Received(shared.received.to_bytes()))?;
+        reader.set_read_timeout(None).ok();
+        shared.reconnected(writer)?;
+        Ok(reader)
+    }
+
+    /// The next connection that is a resume hello for this machine from
+    /// the source's certificate; anything else is dropped or refused with
+    /// one line, and the wait goes on.
+    fn next_resume(&self) -> Result<Link, MigrationError> {
         loop {
             let (link, peer) = accept_link(&self.listener, &self.auth)?;
             if link.peer_identity != self.source_identity {
@@ -881,8 +894,6 @@ impl ResumeWait {
                     continue;
                 }
             };
-            let reader = clone_stream(&link.stream)?;
-            let mut writer = link.stream;
             let check = if hello.resume {
                 check_machine(&hello, &self.machine)
                     .map_err(|m| (m.for_peer(self.auth.authenticates()), m.detail))
@@ -890,16 +901,13 @@ impl ResumeWait {
                 let why = "this VM is in a paused postcopy: only `migrate --resume` from its source is taken";
                 Err((why.to_string(), why.to_string()))
             };
-            if let Err((told, detail)) = check {
-                let _ = write_message(&mut writer, &Message::Refused(told));
-                say!("hakoniwa: migration in: refused a connection from {peer}: {detail}");
-                continue;
+            match check {
+                Ok(()) => return Ok(link),
+                Err((told, detail)) => {
+                    let _ = write_message(&mut &link.stream, &Message::Refused(told));
+                    say!("hakoniwa: migration in: refused a connection from {peer}: {detail}");
+                }
             }
-            write_message(&mut writer, &Message::Welcome(b"{}".to_vec()))?;
-            write_message(&mut writer, &Message::Received(shared.received.to_bytes()))?;
-            reader.set_read_timeout(None).ok();
-            shared.reconnected(writer)?;
-            return Ok(reader);
         }
     }
 }
@@ -1067,6 +1075,105 @@ mod tests {
             dir: dir.to_path_buf(),
             name: None,
         }
+    }
+
+    fn send_resume(out: &mut impl std::io::Write, memory_bytes: u64) {
+        let mut h = hello(machine(memory_bytes, 1, &[]));
+        h.resume = true;
+        write_message(out, &Message::Hello(serde_json::to_vec(&h).unwrap())).unwrap();
+    }
+
+    /// What a peer of a paused postcopy hears back: a refusal's reason, or
+    /// `None` when the destination hangs up without a word.
+    fn answer(link: &Link) -> Option<String> {
+        match read_message(&mut &link.stream) {
+            Ok((Message::Refused(why), _)) => Some(why),
+            Ok((other, _)) => panic!("a bad resume got {}", other.name()),
+            Err(_) => None,
+        }
+    }
+
+    #[test]
+    fn a_paused_postcopy_is_resumed_only_by_the_certificate_it_came_from() {
+        let dir = test_credentials("resume");
+        let auth = Auth::destination(&tls(&dir)).unwrap();
+        let source = Auth::source(&tls(&dir), "127.0.0.1").unwrap();
+        // The same CA, the same name, another key: the CA vouches for it,
+        // but it is not the source.
+        let sibling = Auth::source(&tls(&dir.join("sibling")), "127.0.0.1").unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+
+        let first = {
+            let source = source.clone();
+            connect_each(
+                port,
+                vec![Box::new(move |t| {
+                    let link = source.open(t).unwrap();
+                    send_hello(&mut &link.stream, 256 << 20);
+                })],
+            )
+        };
+        let (link, _, _) = next_source(&listener, &auth).unwrap();
+        first.join().unwrap();
+        let wait = ResumeWait {
+            listener,
+            auth,
+            source_identity: link.peer_identity.clone(),
+            machine: machine(256 << 20, 1, &[]),
+        };
+        assert!(wait.source_identity.is_some());
+
+        let (told, told_rx) = std::sync::mpsc::channel::<(&str, Option<String>)>();
+        let peers: Vec<Peer> = vec![
+            Box::new({
+                let told = told.clone();
+                move |t| {
+                    let link = sibling.open(t).unwrap();
+                    send_resume(&mut &link.stream, 256 << 20);
+                    told.send(("sibling", answer(&link))).unwrap();
+                }
+            }),
+            Box::new({
+                let (told, source) = (told.clone(), source.clone());
+                move |t| {
+                    let link = source.open(t).unwrap();
+                    send_hello(&mut &link.stream, 256 << 20);
+                    told.send(("not a resume", answer(&link))).unwrap();
+                }
+            }),
+            Box::new({
+                let (told, source) = (told.clone(), source.clone());
+                move |t| {
+                    let link = source.open(t).unwrap();
+                    send_resume(&mut &link.stream, 512 << 20);
+                    told.send(("another machine", answer(&link))).unwrap();
+                }
+            }),
+            Box::new(move |t| {
+                let link = source.open(t).unwrap();
+                send_resume(&mut &link.stream, 256 << 20);
+                // Held open until the destination has taken it.
+                let _ = read_message(&mut &link.stream);
+            }),
+        ];
+        let clients = connect_each(port, peers);
+        let resumed = wait.next_resume().unwrap();
+        assert_eq!(resumed.peer_identity, wait.source_identity);
+        drop(resumed);
+        clients.join().unwrap();
+        drop(told);
+        let answers: Vec<_> = told_rx.iter().collect();
+        assert_eq!(answers.len(), 3, "{answers:?}");
+        assert_eq!(answers[0], ("sibling", None), "{answers:?}");
+        let (_, not_resume) = &answers[1];
+        assert!(
+            not_resume.as_deref().unwrap().contains("migrate --resume"),
+            "{answers:?}"
+        );
+        // The source proved who it is: it is told what differs.
+        let (_, other) = &answers[2];
+        assert!(other.as_deref().unwrap().contains("256M"), "{answers:?}");
     }
 
     #[test]

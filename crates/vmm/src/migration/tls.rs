@@ -366,7 +366,8 @@ fn poll_fd(fd: i32, read: bool, write: bool) -> libc::pollfd {
 /// alike (feature `test-credentials`): a CA of its own and the
 /// destination's (for 127.0.0.1) and the source's certificates signed by
 /// it, under the names `tls=DIR` reads, in a new directory under the
-/// temporary one. Not for real use: the keys are written as they are.
+/// temporary one; `DIR/sibling` is another source of the same CA. Not for
+/// real use: the keys are written as they are.
 #[cfg(any(test, feature = "test-credentials"))]
 pub fn test_credentials(name: &str) -> std::path::PathBuf {
     use rcgen::{
@@ -387,9 +388,15 @@ pub fn test_credentials(name: &str) -> std::path::PathBuf {
         .push(DnType::CommonName, format!("hakoniwa test CA {name}"));
     let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
     std::fs::write(dir.join("ca-cert.pem"), ca.pem()).unwrap();
-    for (role, purpose) in [
-        ("server", ExtendedKeyUsagePurpose::ServerAuth),
-        ("client", ExtendedKeyUsagePurpose::ClientAuth),
+    // `sibling/` holds a second source certificate from the same CA, with
+    // the same name: a peer the CA vouches for that is not this source.
+    let sibling = dir.join("sibling");
+    std::fs::create_dir_all(&sibling).unwrap();
+    std::fs::write(sibling.join("ca-cert.pem"), ca.pem()).unwrap();
+    for (role, purpose, into) in [
+        ("server", ExtendedKeyUsagePurpose::ServerAuth, &dir),
+        ("client", ExtendedKeyUsagePurpose::ClientAuth, &dir),
+        ("client", ExtendedKeyUsagePurpose::ClientAuth, &sibling),
     ] {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
@@ -398,8 +405,8 @@ pub fn test_credentials(name: &str) -> std::path::PathBuf {
             .distinguished_name
             .push(DnType::CommonName, format!("hakoniwa test {role}"));
         let cert = params.signed_by(&key, &*ca).unwrap();
-        std::fs::write(dir.join(format!("{role}-cert.pem")), cert.pem()).unwrap();
-        std::fs::write(dir.join(format!("{role}-key.pem")), key.serialize_pem()).unwrap();
+        std::fs::write(into.join(format!("{role}-cert.pem")), cert.pem()).unwrap();
+        std::fs::write(into.join(format!("{role}-key.pem")), key.serialize_pem()).unwrap();
     }
     dir
 }
