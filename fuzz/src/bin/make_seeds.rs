@@ -31,6 +31,7 @@ fn main() {
     input_queues();
     block_device();
     device_state();
+    device_state_fields();
 }
 
 fn put(target: &str, name: &str, bytes: &[u8]) {
@@ -610,21 +611,51 @@ fn block_device() {
 /// The states real devices save (idle and active, with queues where a
 /// driver left them), each restored into the device it came from.
 fn device_state() {
-    use devices::virtio::state::fuzzing::{device, ACTIVE, DEVICES, KICK, MAX_QUEUES};
+    use devices::virtio::state::fuzzing::{device, DEVICES};
     for (kind, name) in DEVICES.iter().enumerate() {
-        let (dev, _host) = device(kind).unwrap();
-        let state = serde_json::to_vec(&dev.save_state()).unwrap();
-        let queues = dev.queue_max_sizes().len().min(MAX_QUEUES);
-        let features = dev.device_features();
-        for (suffix, flags) in [("idle", 0), ("active", ACTIVE | KICK)] {
-            let mut input = vec![kind as u8, flags, queues as u8];
-            for q in 0..MAX_QUEUES as u8 {
-                // Queue q at entry 3 of its ring, two used.
-                input.extend_from_slice(&[q, 3, 0, 2, 0]);
-            }
-            input.extend_from_slice(&features.to_le_bytes());
-            input.extend_from_slice(&state);
-            put("device_state", &format!("{name}_{suffix}"), &input);
+        let state = serde_json::to_vec(&device(kind).unwrap().0.save_state()).unwrap();
+        for (suffix, prefix) in device_state_prefixes(kind) {
+            put(
+                "device_state",
+                &format!("{name}_{suffix}"),
+                &[prefix, state.clone()].concat(),
+            );
         }
     }
+}
+
+/// The same devices and queues with the fields of their own state kept
+/// (no bytes after the prefix), and with the first field replaced by
+/// zeros (the bytes past the input's end).
+fn device_state_fields() {
+    use devices::virtio::state::fuzzing::DEVICES;
+    for (kind, name) in DEVICES.iter().enumerate() {
+        for (suffix, prefix) in device_state_prefixes(kind) {
+            put("device_state_fields", &format!("{name}_{suffix}"), &prefix);
+            let zeroed = [prefix, vec![0, 1]].concat();
+            put(
+                "device_state_fields",
+                &format!("{name}_{suffix}_first_zeroed"),
+                &zeroed,
+            );
+        }
+    }
+}
+
+/// The prefixes of the device-state targets for device `kind`: idle, and
+/// active and kicked, with queue q at entry 3 of its ring, two used, and
+/// every feature the device offers.
+fn device_state_prefixes(kind: usize) -> [(&'static str, Vec<u8>); 2] {
+    use devices::virtio::state::fuzzing::{device, ACTIVE, KICK, MAX_QUEUES};
+    let (dev, _host) = device(kind).unwrap();
+    let queues = dev.queue_max_sizes().len().min(MAX_QUEUES);
+    let features = dev.device_features();
+    [("idle", 0), ("active", ACTIVE | KICK)].map(|(suffix, flags)| {
+        let mut prefix = vec![kind as u8, flags, queues as u8];
+        for q in 0..MAX_QUEUES as u8 {
+            prefix.extend_from_slice(&[q, 3, 0, 2, 0]);
+        }
+        prefix.extend_from_slice(&features.to_le_bytes());
+        (suffix, prefix)
+    })
 }
