@@ -241,7 +241,12 @@ impl Pump {
             .map_err(|e| e.to_string())?;
         let mut to_local: Vec<u8> = Vec::new();
         let mut buf = vec![0u8; CHUNK];
-        let (mut network_open, mut local_open, mut local_shut) = (true, true, false);
+        // The handshake may have read and decrypted records that came
+        // right behind the peer's last flight (a source's hello follows
+        // its Finished at once): their plaintext waits in `conn`, and no
+        // readable socket would ever tell of it.
+        let mut network_open = self.take_plaintext(&mut to_local, false);
+        let (mut local_open, mut local_shut) = (true, false);
         loop {
             // Move what is ready to move.
             while self.conn.wants_write() {
@@ -331,14 +336,20 @@ impl Pump {
             let _ = self.conn.write_tls(&mut self.tcp);
             return Err(format!("TLS: {e}"));
         }
+        Ok(self.take_plaintext(to_local, eof))
+    }
+
+    /// Moves the plaintext `conn` holds into `to_local`; false once the
+    /// peer has closed (close_notify, or `eof`: the network ended).
+    fn take_plaintext(&mut self, to_local: &mut Vec<u8>, eof: bool) -> bool {
         let mut chunk = [0u8; 16 << 10];
         loop {
             match self.conn.reader().read(&mut chunk) {
-                Ok(0) => return Ok(false),
+                Ok(0) => return false,
                 Ok(n) => to_local.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(!eof),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return !eof,
                 // The network ended without close_notify: a drop.
-                Err(_) => return Ok(false),
+                Err(_) => return false,
             }
         }
     }
@@ -475,6 +486,57 @@ mod tests {
         (&theirs.stream).read_to_end(&mut rest).unwrap();
         assert!(rest.is_empty());
         assert!(theirs.tls_failure().reason().is_none());
+    }
+
+    /// A source's first bytes can arrive with its last handshake flight,
+    /// and the destination's handshake then reads and decrypts them. Here
+    /// the destination finishes its handshake by hand and takes records
+    /// until the source's bytes wait in the connection as plaintext, with
+    /// nothing more to come from the network, then hands it to the pump:
+    /// the bytes must still come out of the link.
+    #[test]
+    fn plaintext_read_with_the_handshake_reaches_the_link() {
+        let dir = test_credentials("early");
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let client = Auth::source(&tls(&dir), "127.0.0.1").unwrap();
+        let source = std::thread::spawn(move || {
+            let link = client
+                .open(TcpStream::connect(("127.0.0.1", port)).unwrap())
+                .unwrap();
+            (&link.stream).write_all(b"hello").unwrap();
+            // Silent from here on, until the echo.
+            let mut echo = [0u8; 5];
+            (&link.stream).read_exact(&mut echo).unwrap();
+            echo
+        });
+        let (mut tcp, _) = listener.accept().unwrap();
+        let mut conn = TlsServer::load(&dir).unwrap().connection().unwrap();
+        while conn.is_handshaking() {
+            conn.complete_io(&mut tcp).unwrap();
+        }
+        while conn.wants_write() {
+            conn.write_tls(&mut tcp).unwrap();
+        }
+        while conn
+            .process_new_packets()
+            .unwrap()
+            .plaintext_bytes_to_read()
+            < 5
+        {
+            conn.read_tls(&mut tcp).unwrap();
+        }
+        let link = start(tcp, conn).unwrap();
+        link.stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut got = [0u8; 5];
+        (&link.stream)
+            .read_exact(&mut got)
+            .expect("the bytes read with the handshake never reached the link");
+        assert_eq!(&got, b"hello");
+        (&link.stream).write_all(&got).unwrap();
+        assert_eq!(&source.join().unwrap(), b"hello");
     }
 
     /// Runs one client against a TLS destination; returns the
