@@ -1125,31 +1125,24 @@ mod tests {
         assert!(wait.source_identity.is_some());
 
         let (told, told_rx) = std::sync::mpsc::channel::<(&str, Option<String>)>();
+        // A peer that sends a hello (`resume` or not) through `auth` and
+        // reports what it was answered, as `what`.
+        let asking = |what: &'static str, auth: &Auth, memory_bytes: u64, resume: bool| -> Peer {
+            let (told, auth) = (told.clone(), auth.clone());
+            Box::new(move |t| {
+                let link = auth.open(t).unwrap();
+                if resume {
+                    send_resume(&mut &link.stream, memory_bytes);
+                } else {
+                    send_hello(&mut &link.stream, memory_bytes);
+                }
+                told.send((what, answer(&link))).unwrap();
+            })
+        };
         let peers: Vec<Peer> = vec![
-            Box::new({
-                let told = told.clone();
-                move |t| {
-                    let link = sibling.open(t).unwrap();
-                    send_resume(&mut &link.stream, 256 << 20);
-                    told.send(("sibling", answer(&link))).unwrap();
-                }
-            }),
-            Box::new({
-                let (told, source) = (told.clone(), source.clone());
-                move |t| {
-                    let link = source.open(t).unwrap();
-                    send_hello(&mut &link.stream, 256 << 20);
-                    told.send(("not a resume", answer(&link))).unwrap();
-                }
-            }),
-            Box::new({
-                let (told, source) = (told.clone(), source.clone());
-                move |t| {
-                    let link = source.open(t).unwrap();
-                    send_resume(&mut &link.stream, 512 << 20);
-                    told.send(("another machine", answer(&link))).unwrap();
-                }
-            }),
+            asking("sibling", &sibling, 256 << 20, true),
+            asking("not a resume", &source, 256 << 20, false),
+            asking("another machine", &source, 512 << 20, true),
             Box::new(move |t| {
                 let link = source.open(t).unwrap();
                 send_resume(&mut &link.stream, 256 << 20);
