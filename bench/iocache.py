@@ -35,11 +35,12 @@ from those reports. The advisor (`ctl advise --apply`) is then run from a
 bad starting configuration at the smallest and the largest data set (all
 guests at once: a small guest with direct I/O on a small data set, the
 balloon holding the difference; a large guest with buffered I/O on a large
-one) and the cell run again as it advised. The tracer's own cost is the
-ffsb cell with direct I/O at --overhead-size (by default the smallest, whose
-reads all hit the host cache: the fastest requests, where a per-request
-cost shows most), tracing off and on in turn, --overhead-pairs times: ops/s
-and the VMMs' CPU seconds.
+one), and the starting and the advised configuration take turns,
+--advisor-rounds cells each: the gain is the median round's ratio. The
+tracer's own cost is the ffsb cell with direct I/O at --overhead-size (by
+default the smallest, whose reads all hit the host cache: the fastest
+requests, where a per-request cost shows most), tracing off and on in
+turn, --overhead-pairs times: ops/s and the VMMs' CPU seconds.
 
 Writes bench/results/iocache.json (every cell, the reports, the
 environment), iocache.md (table 5 beside ours, figures 8-11's numbers, the
@@ -52,6 +53,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -458,23 +460,25 @@ def ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=True, tag=N
 def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_swap,
                  start_guest_mib):
     """The advisor from a starting configuration: every guest runs the cell
-    traced, gets `ctl advise --apply`, switches its I/O mode and swap as
-    advised, and the cell runs again. Both cells' records and the advice.
-    START_GUEST_MIB: the guest's memory at the start, through the balloon
-    (`ctl balloon --guest-memory`: as much as a guest booted with that
-    much has, which is more than the VM's memory less that), or None for
-    no balloon."""
-    balloon_mib = 0
+    traced, gets `ctl advise --apply`, and then the advised and the starting
+    configuration take turns, --advisor-rounds cells each (I/O mode, swap
+    and balloon set anew, the caches settled before each cell). The gain is
+    the median of each round's advised/start ratio: in the rig two cells a
+    minute apart can differ by half (bench/results/evidence/
+    iocache-overhead-pairs-2026-11-28), so one cell before and one after
+    cannot judge advice. START_GUEST_MIB: the guest's memory at the start,
+    through the balloon (`ctl balloon --guest-memory`: as much as a guest
+    booted with that much has, which is more than the VM's memory less
+    that), or None for no balloon."""
+    start_targets = [0] * len(guests)
     if start_guest_mib is not None:
         for g in guests:
             g.ctl("balloon", "--guest-memory", "%dM" % start_guest_mib)
-        balloon_mib = guests[0].ctl("balloon")["target_mib"]
+        start_targets = [g.ctl("balloon")["target_mib"] for g in guests]
+    balloon_mib = start_targets[0]
     print("  advisor at size=%dM from io=%s swap=%s balloon=%dM" % (
         size, start_io, start_swap, balloon_mib), flush=True)
-    wait_balloon(args, guests, balloon_mib)
-    set_swap(guests, start_swap)
-    # Each configuration from its own settled caches, as in the table.
-    settle(guests, disks, size, args.miss_delay_ms, 1800)
+    start_balloons = configure(args, guests, disks, size, start_targets, start_swap)
     for g in guests:
         tracer.start(g)
     before = ffsb_cell(args, guests, tracer, mem_label, size, start_io, start_swap,
@@ -492,46 +496,80 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
                 "ok": False, "error": a0["error"]}
     io = a0["advice"]["guest_io"]["recommended"]
     swap = a0["advice"]["guest_swap"]["recommended"]
-    target = a0.get("applied", {}).get("balloon_target_mib", balloon_mib)
-    balloons = wait_balloon(args, guests, target)
-    print("    balloon %d MiB: guests' MemTotal %s MiB" % (
-        target, ", ".join(str(b["total_mib"]) for b in balloons)), flush=True)
-    set_swap(guests, swap)
-    settle(guests, disks, size, args.miss_delay_ms, 1800)
+    targets = [a.get("applied", {}).get("balloon_target_mib", t) if "error" not in a else t
+               for a, t in zip(advice, start_targets)]
+    rounds = []
+    for r in range(args.advisor_rounds):
+        if r > 0:
+            start_balloons = configure(args, guests, disks, size, start_targets, start_swap)
+            before = advisor_cell(args, guests, tracer, mem_label, size, start_io, start_swap,
+                                  "advisor-start")
+        balloons = configure(args, guests, disks, size, targets, swap)
+        print("    balloon %s MiB: guests' MemTotal %s MiB" % (
+            ", ".join(map(str, targets)),
+            ", ".join(str(b["total_mib"]) for b in balloons)), flush=True)
+        after = advisor_cell(args, guests, tracer, mem_label, size, io, swap,
+                             "advisor-advised")
+        ok = before["ok"] and after["ok"]
+        gain = after["ops_s"] / before["ops_s"] if ok and before["ops_s"] else None
+        print("    round %d: %s" % (r, "%.2fx" % gain if gain else "failed"), flush=True)
+        rounds.append({"before": before, "after": after, "start_balloons": start_balloons,
+                       "balloons": balloons, "ok": ok, "gain": gain})
+    for g in guests:
+        g.ctl("balloon", "--target", "0")
+    wait_balloon(args, guests, [0] * len(guests))
+    gains = [r["gain"] for r in rounds if r["gain"]]
+    ok = bool(rounds) and all(r["ok"] for r in rounds)
+    failed = next((r for r in rounds if not r["ok"]), None)
+    return {"bench": "advisor", "size_mib": size, "start": {
+        "io": start_io, "swap": start_swap, "balloon_mib": balloon_mib},
+        "advised": {"io": io, "swap": swap, "balloon_mib": targets[0],
+                    "balloon_targets_mib": targets},
+        "advice": advice, "rounds": rounds, "ok": ok,
+        "error": None if failed is None else (failed["after"].get("error")
+                                              or failed["before"].get("error")),
+        "gain": statistics.median(gains) if gains else None}
+
+
+def advisor_cell(args, guests, tracer, mem_label, size, io, swap, tag):
+    """One untraced cell of the advisor's rounds. A cell that did not finish
+    (a guest thrashing, its OOM killer taking fio or the shell) is this
+    round's failure, not the boot's: it is interrupted and the boot goes
+    on."""
     try:
-        after = ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=False,
-                          tag="advisor-advised")
+        return ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=False,
+                         tag=tag)
     except RuntimeError as e:
-        # A cell that did not finish (a guest thrashing, its OOM killer
-        # taking fio or the shell) is this run's failure, not the boot's:
-        # interrupt it and go on with the boot's other benchmarks.
         print("    failed: %s" % str(e)[-300:], flush=True)
-        after = {"ok": False, "error": str(e)[-600:]}
         for g in guests:
             g.vm.con.send("\x03")
         time.sleep(5)
         on_all(guests, "true", 600)
-    for g in guests:
-        g.ctl("balloon", "--target", "0")
-    wait_balloon(args, guests, 0)
-    ok = before["ok"] and after["ok"]
-    return {"bench": "advisor", "size_mib": size, "start": {
-        "io": start_io, "swap": start_swap, "balloon_mib": balloon_mib},
-        "advised": {"io": io, "swap": swap, "balloon_mib": target}, "advice": advice,
-        "balloons": balloons, "before": before, "after": after, "ok": ok,
-        "error": None if ok else after.get("error") or before.get("error"),
-        "gain": after["ops_s"] / before["ops_s"] if ok and before["ops_s"] else None}
+        return {"ok": False, "error": str(e)[-600:]}
 
 
-def wait_balloon(args, guests, target_mib, timeout=120):
-    """Waits until every guest's balloon is within 4 MiB of TARGET_MIB; each
-    guest's balloon as last seen: {actual_mib, total_mib (the guest's
-    MemTotal by its statistics, None before any)}. A balloon that did not
-    get there in TIMEOUT seconds is said, not hidden: the cell after it
-    would run in a guest of another size than the record says."""
+def configure(args, guests, disks, size, targets, swap):
+    """Every guest's balloon to its target (MiB, one per guest) and its swap
+    on or off, then the caches settled: the next cell's configuration. The
+    guests' balloons as seen."""
+    for g, target in zip(guests, targets):
+        g.ctl("balloon", "--target", str(target))
+    balloons = wait_balloon(args, guests, targets)
+    set_swap(guests, swap)
+    settle(guests, disks, size, args.miss_delay_ms, 1800)
+    return balloons
+
+
+def wait_balloon(args, guests, targets_mib, timeout=120):
+    """Waits until every guest's balloon is within 4 MiB of its target (MiB,
+    one per guest); each guest's balloon as last seen: {actual_mib,
+    total_mib (the guest's MemTotal by its statistics, None before any)}.
+    A balloon that did not get there in TIMEOUT seconds is said, not
+    hidden: the cell after it would run in a guest of another size than
+    the record says."""
     deadline = time.monotonic() + timeout
     seen = []
-    for g in guests:
+    for g, target_mib in zip(guests, targets_mib):
         info = {}
         while True:
             got = g.ctl("balloon")
@@ -540,7 +578,7 @@ def wait_balloon(args, guests, target_mib, timeout=120):
                 break
             time.sleep(1)
         total = info.get("stats", {}).get("total_memory")
-        seen.append({"actual_mib": info.get("actual_mib"),
+        seen.append({"target_mib": target_mib, "actual_mib": info.get("actual_mib"),
                      "total_mib": total >> 20 if total else None})
         if abs(info.get("actual_mib", 0) - target_mib) > 4:
             print("    vm%d: balloon at %s MiB, not %d, after %d s" % (
@@ -783,6 +821,16 @@ def draw(args, results, path):
     return True
 
 
+def advisor_rounds(a):
+    """An advisor record's (start, advised) rounds; a record from before the
+    rounds (one cell each) is one round."""
+    if "rounds" in a:
+        return a["rounds"]
+    if a.get("ok"):
+        return [{"before": a["before"], "after": a["after"], "gain": a["gain"]}]
+    return []
+
+
 def write_md(args, env, results, path, drew):
     rows, best = table5_rows(args, results)
     lines = ["# Guest and host caches (seed 002): the paper's experiment", ""]
@@ -802,19 +850,27 @@ def write_md(args, env, results, path, drew):
               "swap off)", "", md_table(figure_rows(results)), ""]
     adv = [r for r in results if r["bench"] == "advisor"]
     if adv:
-        arows = [["data set", "start", "advised", "ops/s before", "ops/s after", "gain"]]
+        arows = [["data set", "start", "advised", "ops/s start", "ops/s advised",
+                  "gain (median)", "each round"]]
         for a in adv:
-            if not a.get("ok"):
+            rounds = advisor_rounds(a)
+            if not rounds:
                 arows.append(["%d MiB" % a["size_mib"], "-", a.get("error", "-"), "-", "-",
-                              "-"])
+                              "-", "-"])
                 continue
+            ok = [r for r in rounds if r.get("gain")]
+            start_ops = statistics.median(r["before"]["ops_s"] for r in ok) if ok else None
+            advised_ops = statistics.median(r["after"]["ops_s"] for r in ok) if ok else None
             arows.append(["%d MiB" % a["size_mib"],
                           "%(io)s, swap %(swap)s, balloon %(balloon_mib)d MiB" % a["start"],
                           "%(io)s, swap %(swap)s, balloon %(balloon_mib)d MiB" % a["advised"],
-                          "%.0f" % a["before"]["ops_s"], "%.0f" % a["after"]["ops_s"],
-                          fmt_opt(a["gain"], "%.2fx")])
+                          fmt_opt(start_ops, "%.0f"), fmt_opt(advised_ops, "%.0f"),
+                          fmt_opt(a["gain"], "%.2fx"),
+                          ", ".join(fmt_opt(r.get("gain"), "%.2fx") for r in rounds)])
         lines += ["## The advisor (`ctl advise --apply` on every guest)", "",
-                  md_table(arows), ""]
+                  "The starting and the advised configuration take turns, each cell from "
+                  "its own settled caches; the gain is the median of the rounds' "
+                  "advised/start ratios.", "", md_table(arows), ""]
         for a in adv:
             first = (a.get("advice") or [{}])[0]
             window = first.get("window", {})
@@ -872,6 +928,8 @@ def main():
     p.add_argument("--postmark-sizes", type=int, nargs="*", default=[32])
     p.add_argument("--postmark-transactions", type=int, default=400)
     p.add_argument("--dd-sizes", type=int, nargs="*", default=[64])
+    p.add_argument("--advisor-rounds", type=int, default=3,
+                   help="cells of the starting and the advised configuration, in turn")
     p.add_argument("--overhead-size", type=int, default=32)
     p.add_argument("--overhead-pairs", type=int, default=3)
     p.add_argument("--miss-delay-ms", type=int, default=40,
