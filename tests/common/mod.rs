@@ -282,18 +282,36 @@ impl Drop for Vmm {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failing test's VMMs say what they said last: the panic's own
+        // message rarely carries it, and the failure is kept as evidence.
+        if std::thread::panicking() {
+            let stderr = self.stderr();
+            let lines: Vec<&str> = stderr.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            eprintln!(
+                "--- hakoniwa (pid {}) stderr, last {} lines ---\n{}",
+                self.child.id(),
+                tail.len(),
+                tail.join("\n")
+            );
+        }
     }
 }
 
 /// `hakoniwa ctl --api-socket SOCKET ARGS...`: (success, stdout + stderr).
+/// A failure with no output says how ctl ended (its status, or the signal
+/// that killed it): a killed ctl prints nothing.
 pub fn ctl(socket: &str, args: &[&str]) -> (bool, String) {
     let out = Command::new(hakoniwa())
         .args(["ctl", "--api-socket", socket])
         .args(args)
         .output()
         .expect("cannot run hakoniwa ctl");
-    let text =
+    let mut text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && text.trim().is_empty() {
+        text = format!("(ctl printed nothing: {})", out.status);
+    }
     (out.status.success(), text)
 }
 
