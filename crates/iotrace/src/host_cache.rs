@@ -110,7 +110,7 @@ impl HostCacheProbe {
     /// module's documentation).
     pub fn probe(&mut self, offset: u64, len: u64) -> io::Result<Residency> {
         let vec = self.resident_vector(offset, len)?;
-        let resident_pages = vec.iter().filter(|&&b| b & 1 != 0).count() as u64;
+        let resident_pages = resident_count(&vec);
         let resident_prefix = resident_prefix_bytes(&vec, offset, len, self.page_size);
         let nowait_bytes = self.nowait_read(offset, len)?.min(resident_prefix);
         Ok(Residency {
@@ -125,8 +125,7 @@ impl HostCacheProbe {
     /// `offset`. Changes nothing in the cache.
     pub fn resident_pages(&self, offset: u64, len: u64) -> io::Result<(u64, u64)> {
         let vec = self.resident_vector(offset, len)?;
-        let resident = vec.iter().filter(|&&b| b & 1 != 0).count() as u64;
-        Ok((resident, vec.len() as u64))
+        Ok((resident_count(&vec), vec.len() as u64))
     }
 
     /// `mincore`'s vector of the pages `len` bytes at `offset` span.
@@ -181,7 +180,7 @@ impl HostCacheProbe {
             out.extend(
                 vec.iter()
                     .enumerate()
-                    .filter(|(_, &b)| b & 1 != 0)
+                    .filter(|(_, &b)| is_resident(b))
                     .map(|(i, _)| first + i as u64),
             );
             first += pages;
@@ -261,10 +260,21 @@ fn byte_len(file: &File) -> io::Result<u64> {
     Ok(end as u64)
 }
 
+/// Whether mincore's byte for a page says it is resident (the low bit; the
+/// others are reserved).
+fn is_resident(byte: u8) -> bool {
+    byte & 1 != 0
+}
+
+/// The resident pages of mincore's vector.
+fn resident_count(vec: &[u8]) -> u64 {
+    vec.iter().filter(|&&b| is_resident(b)).count() as u64
+}
+
 /// The bytes of `len` at `offset` before the first page `vec` (mincore's
 /// vector of the pages the range spans) marks missing.
 fn resident_prefix_bytes(vec: &[u8], offset: u64, len: u64, page_size: u64) -> u64 {
-    let Some(missing) = vec.iter().position(|&b| b & 1 == 0) else {
+    let Some(missing) = vec.iter().position(|&b| !is_resident(b)) else {
         return len;
     };
     let first_page = offset / page_size;
