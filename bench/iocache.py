@@ -492,8 +492,8 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
         tracer.stop(g)
     a0 = advice[0]
     if "error" in a0:
-        return {"bench": "advisor", "size_mib": size, "before": before, "advice": advice,
-                "ok": False, "error": a0["error"]}
+        return {"bench": "advisor", "mem": mem_label, "size_mib": size, "before": before,
+                "advice": advice, "ok": False, "error": a0["error"]}
     io = a0["advice"]["guest_io"]["recommended"]
     swap = a0["advice"]["guest_swap"]["recommended"]
     targets = [a.get("applied", {}).get("balloon_target_mib", t) if "error" not in a else t
@@ -521,7 +521,7 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
     gains = [r["gain"] for r in rounds if r["gain"]]
     ok = bool(rounds) and all(r["ok"] for r in rounds)
     failed = next((r for r in rounds if not r["ok"]), None)
-    return {"bench": "advisor", "size_mib": size, "start": {
+    return {"bench": "advisor", "mem": mem_label, "size_mib": size, "start": {
         "io": start_io, "swap": start_swap, "balloon_mib": balloon_mib},
         "advised": {"io": io, "swap": swap, "balloon_mib": targets[0],
                     "balloon_targets_mib": targets},
@@ -681,6 +681,12 @@ def run_boot(args, mem_label, mem_mib, disks, work, results):
 
 
 # -------------------------------------------------------------- summary ----
+
+def boot_of(record):
+    """The guest memory (boot) a result came from. Advisor records from
+    before 2026-11-28 did not say; the advisor runs only in the large boot."""
+    return record.get("mem") or ("large" if record["bench"] == "advisor" else "?")
+
 
 def table5_rows(args, results):
     """Our table 5: ops/s per configuration and data set size, the best of
@@ -991,9 +997,9 @@ def main():
         if args.merge:
             with open(args.merge) as f:
                 kept = json.load(f)["results"]
-            results += [r for r in kept if r.get("mem") not in args.boots]
+            results += [r for r in kept if boot_of(r) not in args.boots]
             print("kept %d results of %s from %s" % (len(results), ", ".join(
-                sorted({r.get("mem", "?") for r in results})), args.merge), flush=True)
+                sorted({boot_of(r) for r in results})), args.merge), flush=True)
         for label, mib in (("small", args.small_mib), ("large", args.large_mib)):
             if label not in args.boots:
                 continue
