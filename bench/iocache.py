@@ -697,6 +697,54 @@ def boot_of(record):
     return record.get("mem") or ("large" if record["bench"] == "advisor" else "?")
 
 
+def kept_results(args, env):
+    """With --merge: the other boots' results from that file, and its run's
+    date and path in ENV (`merged`), for the summary to say where each
+    boot's cells come from."""
+    if not args.merge:
+        return []
+    with open(args.merge) as f:
+        old = json.load(f)
+    kept = [r for r in old["results"] if boot_of(r) not in args.boots]
+    boots = sorted({boot_of(r) for r in kept})
+    env["merged"] = {"from": os.path.relpath(os.path.abspath(args.merge), ROOT),
+                     "date_utc": old["environment"].get("date_utc"), "boots": boots}
+    print("kept %d results of %s from %s" % (len(kept), ", ".join(boots), args.merge),
+          flush=True)
+    return kept
+
+
+def write_outputs(args, env, results):
+    """iocache.json, iocache.md and iocache.png in --out; the exit status."""
+    os.makedirs(args.out, exist_ok=True)
+    png = os.path.join(args.out, "iocache.png")
+    drew = draw(args, results, png)
+    with open(os.path.join(args.out, "iocache.json"), "w") as f:
+        json.dump({"environment": env, "args": vars(args), "results": results,
+                   "overhead": overhead_summary(results)}, f, indent=1)
+    write_md(args, env, results, os.path.join(args.out, "iocache.md"), drew)
+    rows, _ = table5_rows(args, results)
+    print(text_table(rows))
+    failed = sum(1 for r in results if not r.get("ok"))
+    return exit_status("iocache.py", failed, "cell(s)", os.path.join(args.out, "iocache.json"))
+
+
+def render(args):
+    """--render RESULTS: the summary again from a results file, without a
+    run: its --boots' results, with --merge's other boots. The run's own
+    arguments (sizes, memory, delays) are taken from RESULTS."""
+    with open(args.render) as f:
+        run = json.load(f)
+    keep = {"render": args.render, "merge": args.merge, "boots": args.boots, "out": args.out}
+    vars(args).update(run["args"])
+    vars(args).update(keep)
+    env = run["environment"]
+    env.pop("merged", None)
+    results = kept_results(args, env)
+    results += [r for r in run["results"] if boot_of(r) in args.boots]
+    return write_outputs(args, env, results)
+
+
 def table5_rows(args, results):
     """Our table 5: ops/s per configuration and data set size, the best of
     each size marked."""
@@ -857,6 +905,13 @@ def write_md(args, env, results, path, drew):
                         "waits %d ms at the data disk (dm-delay), the host's disk: without "
                         "it L0's page cache would serve L1's misses about as fast as a hit."
                         % (env.get("l1_memory_mib"), args.miss_delay_ms))
+    merged = env.get("merged")
+    if merged:
+        lines += ["**The %s boot's results are from the run of %s** (kept from %s with "
+                  "`--merge`), the others from this run's: the rig's speed differs from "
+                  "day to day, so compare across the two boots with care." % (
+                      " and ".join(merged["boots"]), merged["date_utc"],
+                      merged["from"]), ""]
     lines += ["## FFSB-like fio (table 5): ops/s per VM, %d VMs at once" % args.vms, "",
               "Guest memory %d MiB (small) and %d MiB (large), the paper's 128 MB and 1 GB "
               "scaled to the rig; the best configuration of each data set size in bold."
@@ -959,9 +1014,14 @@ def main():
     p.add_argument("--boots", nargs="+", default=["small", "large"],
                    choices=["small", "large"], help="which guest memory sizes to boot")
     p.add_argument("--merge", help="a results JSON whose other boots' results to keep")
+    p.add_argument("--render", metavar="RESULTS",
+                   help="no run: the summary again from RESULTS (a results JSON), its "
+                   "--boots' results with --merge's others")
     p.add_argument("--workdir", default="/tmp")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     args = p.parse_args()
+    if args.render:
+        return render(args)
     args.sizes = sorted(set(args.sizes))
     if args.overhead_size not in args.sizes:
         sys.exit("iocache.py: --overhead-size must be one of --sizes")
@@ -1003,12 +1063,7 @@ def main():
                             % (args.miss_delay_ms, args.workdir, args.swap_mib))
         print("iocache benchmark: %s; host memory %d MiB" % (env["note"], env["l1_memory_mib"]),
               flush=True)
-        if args.merge:
-            with open(args.merge) as f:
-                kept = json.load(f)["results"]
-            results += [r for r in kept if boot_of(r) not in args.boots]
-            print("kept %d results of %s from %s" % (len(results), ", ".join(
-                sorted({boot_of(r) for r in results})), args.merge), flush=True)
+        results += kept_results(args, env)
         for label, mib in (("small", args.small_mib), ("large", args.large_mib)):
             if label not in args.boots:
                 continue
@@ -1022,17 +1077,7 @@ def main():
             d.close()
         shutil.rmtree(work, ignore_errors=True)
     env["wall_s"] = round(time.monotonic() - t_start)
-    os.makedirs(args.out, exist_ok=True)
-    png = os.path.join(args.out, "iocache.png")
-    drew = draw(args, results, png)
-    with open(os.path.join(args.out, "iocache.json"), "w") as f:
-        json.dump({"environment": env, "args": vars(args), "results": results,
-                   "overhead": overhead_summary(results)}, f, indent=1)
-    write_md(args, env, results, os.path.join(args.out, "iocache.md"), drew)
-    rows, _ = table5_rows(args, results)
-    print(text_table(rows))
-    failed = sum(1 for r in results if not r.get("ok"))
-    return exit_status("iocache.py", failed, "cell(s)", os.path.join(args.out, "iocache.json"))
+    return write_outputs(args, env, results)
 
 
 if __name__ == "__main__":
