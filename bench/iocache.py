@@ -31,8 +31,10 @@ runs the same cell at the same time:
 
 The first guest is traced (`ctl iotrace`, with the guest agent's
 application layer where it answers) in every ffsb cell: figures 8-11 come
-from those reports. The advisor (`ctl advise --apply`) is then run from a
-bad starting configuration at the smallest and the largest data set (all
+from those reports. The advisor (`ctl advise`, asked while the workload
+runs and applied through the balloon as `--apply` sizes it) is then run
+from a bad starting configuration at the smallest and the largest data set
+(--advisors; all
 guests at once: a small guest with direct I/O on a small data set, the
 balloon holding the difference; a large guest with buffered I/O on a large
 one), and the starting and the advised configuration take turns,
@@ -49,6 +51,7 @@ scripts/bench-iocache. Needs root (losetup, drop_caches).
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -78,6 +81,10 @@ RIG_NOTE = ("inside L1 under TCG with nested KVM, one L1 vCPU for every guest; "
 # The guest agent's vsock port is the VMM's business; the guests get CIDs
 # from 3.
 FIRST_CID = 3
+# The advisor is asked this long before its cell's counted time ends: the
+# three guests' agents answer within a few seconds of each other (about 2 s
+# each under load, bench-iocache's first run), all before fio exits.
+DURING_BEFORE_END_S = 6
 IO_MODES = ["buffered", "direct"]
 SWAP_MODES = ["off", "on"]
 
@@ -412,8 +419,11 @@ def per_op_from_fio(summary, fio):
 
 # ---------------------------------------------------------------- cells ----
 
-def ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=True, tag=None):
-    """One ffsb cell on every guest at once; the cell's record."""
+def ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=True, tag=None,
+              during=None):
+    """One ffsb cell on every guest at once; the cell's record. DURING, if
+    given, is called a few seconds before the cell's counted time ends,
+    with the workload still running."""
     print("  ffsb%s mem=%s size=%dM io=%s swap=%s" % (
         " " + tag if tag else "", mem_label, size, io, swap), flush=True)
     trace_error = None
@@ -425,8 +435,13 @@ def ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=True, tag=N
             print("    tracing failed: %s" % e, flush=True)
     cpu0 = [g.cpu_seconds() for g in guests]
     t0 = time.monotonic()
-    outs = on_all(guests, ffsb_command(size, io, args.seconds, args.ramp),
-                  (args.seconds + args.ramp) * 4 + 300)
+    command = ffsb_command(size, io, args.seconds, args.ramp)
+    tokens = [(g, g.start(command)) for g in guests]
+    if during:
+        time.sleep(max(0.0, t0 + args.ramp + args.seconds - DURING_BEFORE_END_S
+                       - time.monotonic()))
+        during()
+    outs = [g.wait(token, (args.seconds + args.ramp) * 4 + 300) for g, token in tokens]
     wall = time.monotonic() - t0
     cpu = [g.cpu_seconds() - c for g, c in zip(guests, cpu0)]
     report = None
@@ -481,23 +496,47 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
     start_balloons = configure(args, guests, disks, size, start_targets, start_swap)
     for g in guests:
         tracer.start(g)
-    before = ffsb_cell(args, guests, tracer, mem_label, size, start_io, start_swap,
-                       trace=False, tag="advisor-start")
     advice = []
-    for g in guests:
+
+    def ask_one(g):
         try:
-            advice.append(g.ctl("advise", "--disk", "data", "--apply", "--json"))
+            return g.ctl("advise", "--disk", "data", "--json")
         except RuntimeError as e:
-            advice.append({"error": str(e)})
+            return {"error": str(e)}
+
+    def ask():
+        with concurrent.futures.ThreadPoolExecutor(len(guests)) as pool:
+            advice.extend(pool.map(ask_one, guests))
+
+    # Advice is taken while the workload runs, as it would be for a
+    # service: the guest's own memory (MemTotal - MemAvailable) has fio's
+    # files and memory in it only then (about 42 MiB of a 128 MiB guest;
+    # taken after the cell, the advisor sized a direct guest without
+    # them). It is applied after the cell, through the balloon's sizing
+    # that `ctl advise --apply` uses (`ctl balloon --guest-memory`), so
+    # the balloon does not move under the cell it compares against.
+    before = ffsb_cell(args, guests, tracer, mem_label, size, start_io, start_swap,
+                       trace=False, tag="advisor-start", during=ask)
+    for g in guests:
         tracer.stop(g)
-    a0 = advice[0]
+    a0 = advice[0] if advice else {"error": "no advice"}
     if "error" in a0:
         return {"bench": "advisor", "mem": mem_label, "size_mib": size, "before": before,
                 "advice": advice, "ok": False, "error": a0["error"]}
     io = a0["advice"]["guest_io"]["recommended"]
     swap = a0["advice"]["guest_swap"]["recommended"]
-    targets = [a.get("applied", {}).get("balloon_target_mib", t) if "error" not in a else t
-               for a, t in zip(advice, start_targets)]
+    targets = []
+    for g, a, t in zip(guests, advice, start_targets):
+        if "error" in a:
+            targets.append(t)
+            continue
+        memory = a["advice"]["guest_memory_bytes"]["recommended"]
+        g.ctl("balloon", "--guest-memory", "%dM" % (memory // MIB))
+        targets.append(g.ctl("balloon")["target_mib"])
+        print("    vm%d advised: %d MiB (its own %d MiB, %s), io=%s, swap=%s" % (
+            g.n, memory // MIB, a["facts"]["guest_non_cache_bytes"] // MIB,
+            a["advice"]["regime"], a["advice"]["guest_io"]["recommended"],
+            a["advice"]["guest_swap"]["recommended"]), flush=True)
     rounds = []
     for r in range(args.advisor_rounds):
         if r > 0:
@@ -641,7 +680,7 @@ def run_boot(args, mem_label, mem_mib, disks, work, results):
             t = time.monotonic()
             layout(guests, size, 3600)
             print("  layout %d MiB per VM: %.0f s" % (size, time.monotonic() - t), flush=True)
-            for swap in SWAP_MODES:
+            for swap in SWAP_MODES if not args.only_advisors else []:
                 if swap == "on" and size not in args.swap_sizes:
                     continue
                 set_swap(guests, swap)
@@ -650,16 +689,16 @@ def run_boot(args, mem_label, mem_mib, disks, work, results):
                 print("  settle %d MiB: %.0f s" % (size, time.monotonic() - t), flush=True)
                 for io in IO_MODES:
                     results.append(ffsb_cell(args, guests, tracer, mem_label, size, io, swap))
-            if mem_label == "large" and size == args.overhead_size:
+            if mem_label == "large" and size == args.overhead_size and not args.only_advisors:
                 results.extend(overhead_runs(args, guests, tracer, mem_label))
-            if mem_label == "large" and size == min(args.sizes):
+            if mem_label == "large" and size == min(args.sizes) and "small-data" in args.advisors:
                 results.append(advised_runs(args, guests, disks, tracer, mem_label, size,
                                             "direct", "on", args.small_mib))
-            if mem_label == "large" and size == max(args.sizes):
+            if mem_label == "large" and size == max(args.sizes) and "large-data" in args.advisors:
                 results.append(advised_runs(args, guests, disks, tracer, mem_label, size,
                                             "buffered", "on", None))
         set_swap(guests, "off")
-        for size in args.postmark_sizes:
+        for size in args.postmark_sizes if not args.only_advisors else []:
             print("  postmark mem=%s size=%dM" % (mem_label, size), flush=True)
             outs = on_all(guests, postmark_command(size, args.postmark_transactions), 3600)
             tps = [int(m.group(2)) if m else None
@@ -668,7 +707,7 @@ def run_boot(args, mem_label, mem_mib, disks, work, results):
                             "size_mib": size, "per_vm": tps, "ok": None not in tps,
                             "tps": sum(tps) / len(tps) if None not in tps else None})
             on_all(guests, "rm -rf /data/pm", 600)
-        for size in args.dd_sizes:
+        for size in args.dd_sizes if not args.only_advisors else []:
             for io in IO_MODES:
                 print("  dd mem=%s size=%dM io=%s" % (mem_label, size, io), flush=True)
                 outs = on_all(guests, dd_command(size, io), 1800)
@@ -940,7 +979,7 @@ def write_md(args, env, results, path, drew):
                           fmt_opt(start_ops, "%.0f"), fmt_opt(advised_ops, "%.0f"),
                           fmt_opt(a["gain"], "%.2fx"),
                           ", ".join(fmt_opt(r.get("gain"), "%.2fx") for r in rounds)])
-        lines += ["## The advisor (`ctl advise --apply` on every guest)", "",
+        lines += ["## The advisor (`ctl advise` on every guest, applied through the balloon)", "",
                   "The starting and the advised configuration take turns, each cell from "
                   "its own settled caches; the gain is the median of the rounds' "
                   "advised/start ratios.", "", md_table(arows), ""]
@@ -1003,6 +1042,13 @@ def main():
     p.add_argument("--dd-sizes", type=int, nargs="*", default=[64])
     p.add_argument("--advisor-rounds", type=int, default=3,
                    help="cells of the starting and the advised configuration, in turn")
+    p.add_argument("--advisors", nargs="*", choices=["small-data", "large-data"],
+                   default=["small-data", "large-data"],
+                   help="the advisor's runs: from a small direct guest at the smallest data "
+                   "set, from a large buffered one at the largest")
+    p.add_argument("--only-advisors", action="store_true",
+                   help="the advisor's runs alone: no table 5 cells, tracer pairs, Postmark "
+                   "or dd (a check of the advisor; write it apart from bench/results)")
     p.add_argument("--overhead-size", type=int, default=32)
     p.add_argument("--overhead-pairs", type=int, default=3)
     p.add_argument("--miss-delay-ms", type=int, default=40,
@@ -1023,7 +1069,7 @@ def main():
     if args.render:
         return render(args)
     args.sizes = sorted(set(args.sizes))
-    if args.overhead_size not in args.sizes:
+    if args.overhead_size not in args.sizes and not args.only_advisors:
         sys.exit("iocache.py: --overhead-size must be one of --sizes")
     for path in (args.kernel, args.debian_image, args.debian_initramfs):
         if not os.path.isfile(path):
