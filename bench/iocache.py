@@ -502,7 +502,8 @@ def io_began(guest, deadline):
 def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_swap,
                  start_guest_mib):
     """The advisor from a starting configuration: every guest runs the cell
-    traced, gets `ctl advise --apply`, and then the advised and the starting
+    traced, is advised while the cell runs (`ctl advise`, its memory set
+    after the cell as `--apply` would), and then the advised and the starting
     configuration take turns, --advisor-rounds cells each (I/O mode, swap
     and balloon set anew, the caches settled before each cell). The gain is
     the median of each round's advised/start ratio: in the rig two cells a
