@@ -499,6 +499,14 @@ def io_began(guest, deadline):
     return deadline
 
 
+def balloon_for_guest_memory(guest, mib):
+    """Sets GUEST's balloon so the guest has MIB of memory (`ctl balloon
+    --guest-memory`, the sizing `ctl advise --apply` uses); the balloon's
+    target in MiB."""
+    guest.ctl("balloon", "--guest-memory", "%dM" % mib)
+    return guest.ctl("balloon")["target_mib"]
+
+
 def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_swap,
                  start_guest_mib):
     """The advisor from a starting configuration: every guest runs the cell
@@ -515,9 +523,7 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
     that), or None for no balloon."""
     start_targets = [0] * len(guests)
     if start_guest_mib is not None:
-        for g in guests:
-            g.ctl("balloon", "--guest-memory", "%dM" % start_guest_mib)
-        start_targets = [g.ctl("balloon")["target_mib"] for g in guests]
+        start_targets = [balloon_for_guest_memory(g, start_guest_mib) for g in guests]
     balloon_mib = start_targets[0]
     print("  advisor at size=%dM from io=%s swap=%s balloon=%dM" % (
         size, start_io, start_swap, balloon_mib), flush=True)
@@ -559,8 +565,7 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
             targets.append(t)
             continue
         memory = a["advice"]["guest_memory_bytes"]["recommended"]
-        g.ctl("balloon", "--guest-memory", "%dM" % (memory // MIB))
-        targets.append(g.ctl("balloon")["target_mib"])
+        targets.append(balloon_for_guest_memory(g, memory // MIB))
         print("    vm%d advised: %d MiB (its own %d MiB, %s), io=%s, swap=%s" % (
             g.n, memory // MIB, a["facts"]["guest_non_cache_bytes"] // MIB,
             a["advice"]["regime"], a["advice"]["guest_io"]["recommended"],
