@@ -507,6 +507,24 @@ def balloon_for_guest_memory(guest, mib):
     return guest.ctl("balloon")["target_mib"]
 
 
+def advice_reasons(a):
+    """One line of what an advice weighed: the working set, the host's
+    share, the window's read costs and the two configurations' predicted
+    read times."""
+    adv, costs = a["advice"], a["window"]["read_costs"]
+    ms = lambda ns: "-" if ns is None else "%.2f ms" % (ns / 1e6)  # noqa: E731
+    line = "working set %d MiB (%s), host share %d MiB; reads: %d host hits at %s, %d misses " \
+        "at %s" % (adv["working_set_bytes"] // MIB, adv["working_set_method"],
+                   a["facts"]["host_cache_share_bytes"] // MIB, costs["host_hits"],
+                   ms(costs["host_hit_ns"]), costs["host_misses"], ms(costs["host_miss_ns"]))
+    p = adv.get("predicted")
+    if p:
+        line += "; predicted read: buffered %d MiB %s, direct %d MiB %s" % (
+            p["buffered_guest_bytes"] // MIB, ms(p["buffered_read_ns"]),
+            p["direct_guest_bytes"] // MIB, ms(p["direct_read_ns"]))
+    return line
+
+
 def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_swap,
                  start_guest_mib):
     """The advisor from a starting configuration: every guest runs the cell
@@ -570,6 +588,7 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
             g.n, memory // MIB, a["facts"]["guest_non_cache_bytes"] // MIB,
             a["advice"]["regime"], a["advice"]["guest_io"]["recommended"],
             a["advice"]["guest_swap"]["recommended"]), flush=True)
+        print("      %s" % advice_reasons(a), flush=True)
     rounds = []
     for r in range(args.advisor_rounds):
         if r > 0:
