@@ -15,6 +15,8 @@
 
 use std::collections::{BTreeSet, HashSet};
 
+use crate::reuse::Access;
+
 /// Where a request was seen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -345,8 +347,22 @@ pub fn report_from_layers(
 }
 
 /// The virtual disk's block trace in the window, reads and writes in time
-/// order, for [`crate::reuse::ReuseProfile`].
+/// order.
 pub fn virtual_disk_blocks(window: Window, records: &[IoRecord], block_bytes: u64) -> Vec<u64> {
+    virtual_disk_reads(window, records, block_bytes)
+        .into_iter()
+        .map(|access| match access {
+            Access::Counted(block) | Access::Touch(block) => block,
+        })
+        .collect()
+}
+
+/// The same trace for a profile of re-reads
+/// ([`crate::reuse::ReuseProfile::from_accesses`]): reads counted, writes
+/// only touching their blocks. Counted too, a file system's rewrites of
+/// the same blocks (inode tables and bitmaps, at every file write) would
+/// read as data read again at short distances.
+pub fn virtual_disk_reads(window: Window, records: &[IoRecord], block_bytes: u64) -> Vec<Access> {
     let mut requests: Vec<&IoRecord> = records
         .iter()
         .filter(|r| in_layer(window, r, Layer::VirtualDisk))
@@ -354,7 +370,16 @@ pub fn virtual_disk_blocks(window: Window, records: &[IoRecord], block_bytes: u6
     requests.sort_by_key(|r| r.time_ns);
     requests
         .iter()
-        .flat_map(|r| crate::reuse::blocks_of(r.offset, r.bytes, block_bytes))
+        .flat_map(|r| {
+            let read = r.direction == Direction::Read;
+            crate::reuse::blocks_of(r.offset, r.bytes, block_bytes).map(move |block| {
+                if read {
+                    Access::Counted(block)
+                } else {
+                    Access::Touch(block)
+                }
+            })
+        })
         .collect()
 }
 
@@ -685,6 +710,19 @@ mod tests {
             read(Layer::VirtualDisk, 3_000, 0, 4 * KIB),
         ];
         assert_eq!(virtual_disk_blocks(WINDOW, &records, BLOCK), [0, 2, 3]);
+    }
+
+    #[test]
+    fn the_reread_trace_counts_reads_and_touches_writes() {
+        let records = [
+            read(Layer::VirtualDisk, 1_300, 4 * KIB, 4 * KIB),
+            record(Layer::VirtualDisk, 1_200, Direction::Write, 0, 8 * KIB),
+            read(Layer::Application, 1_100, 0, 4 * KIB),
+        ];
+        assert_eq!(
+            virtual_disk_reads(WINDOW, &records, BLOCK),
+            [Access::Touch(0), Access::Touch(1), Access::Counted(1)]
+        );
     }
 
     #[test]

@@ -31,6 +31,19 @@ pub struct ReuseProfile {
     hits_within: Vec<u64>,
 }
 
+/// One access of a block trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// An access that hits or misses: it has a distance (or is a cold
+    /// miss) and counts in the hit ratios.
+    Counted(u64),
+    /// An access that only puts its block at the top of the LRU stack: a
+    /// write, for a profile of re-reads. A write-back cache holds what was
+    /// written, so the next read of it hits a cache of that distance, but
+    /// the write itself is no hit or miss of the data a reader needs.
+    Touch(u64),
+}
+
 /// One point of a miss-ratio curve.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct CurvePoint {
@@ -41,25 +54,39 @@ pub struct CurvePoint {
 }
 
 impl ReuseProfile {
-    /// Computes the profile of a trace of block numbers.
+    /// Computes the profile of a trace of block numbers, every access
+    /// counted.
     pub fn from_trace(blocks: impl IntoIterator<Item = u64>, block_bytes: u64) -> Self {
-        let blocks: Vec<u64> = blocks.into_iter().collect();
-        let mut latest = Fenwick::new(blocks.len());
+        Self::from_accesses(blocks.into_iter().map(Access::Counted), block_bytes)
+    }
+
+    /// Computes the profile of a trace whose uncounted accesses only move
+    /// their block to the top of the stack (see [`Access`]).
+    pub fn from_accesses(trace: impl IntoIterator<Item = Access>, block_bytes: u64) -> Self {
+        let trace: Vec<Access> = trace.into_iter().collect();
+        let mut latest = Fenwick::new(trace.len());
         let mut last_seen: HashMap<u64, usize> = HashMap::new();
-        // distances[d]: accesses at distance exactly d.
+        // distances[d]: counted accesses at distance exactly d.
         let mut distances: Vec<u64> = vec![0];
-        let mut cold_misses = 0;
-        for (now, &block) in blocks.iter().enumerate() {
+        let (mut accesses, mut cold_misses) = (0, 0);
+        for (now, access) in trace.iter().enumerate() {
+            let (block, counted) = match *access {
+                Access::Counted(block) => (block, true),
+                Access::Touch(block) => (block, false),
+            };
+            accesses += u64::from(counted);
             match last_seen.insert(block, now) {
                 Some(previous) => {
-                    let distance = latest.sum_range(previous, now) as usize;
-                    if distances.len() <= distance {
-                        distances.resize(distance + 1, 0);
+                    if counted {
+                        let distance = latest.sum_range(previous, now) as usize;
+                        if distances.len() <= distance {
+                            distances.resize(distance + 1, 0);
+                        }
+                        distances[distance] += 1;
                     }
-                    distances[distance] += 1;
                     latest.add(previous, -1);
                 }
-                None => cold_misses += 1,
+                None => cold_misses += u64::from(counted),
             }
             latest.add(now, 1);
         }
@@ -73,7 +100,7 @@ impl ReuseProfile {
         }
         Self {
             block_bytes,
-            accesses: blocks.len() as u64,
+            accesses,
             cold_misses,
             hits_within,
         }
@@ -202,11 +229,21 @@ mod tests {
 
     /// Hits of an LRU cache of `capacity` blocks, simulated directly.
     fn simulate_lru(trace: &[u64], capacity: usize) -> u64 {
+        let accesses: Vec<Access> = trace.iter().map(|&b| Access::Counted(b)).collect();
+        simulate_lru_accesses(&accesses, capacity)
+    }
+
+    /// The same, where a touch moves its block up without counting.
+    fn simulate_lru_accesses(trace: &[Access], capacity: usize) -> u64 {
         let mut stack: Vec<u64> = Vec::new(); // most recent last
         let mut hits = 0;
-        for &block in trace {
+        for access in trace {
+            let (block, counted) = match *access {
+                Access::Counted(b) => (b, true),
+                Access::Touch(b) => (b, false),
+            };
             if let Some(at) = stack.iter().position(|&b| b == block) {
-                hits += 1;
+                hits += u64::from(counted);
                 stack.remove(at);
             } else if capacity > 0 && stack.len() == capacity {
                 stack.remove(0);
@@ -284,6 +321,55 @@ mod tests {
                 if ws > 0 {
                     assert!(profile.hit_ratio(ws - 1) < target);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn writes_keep_their_blocks_cached_without_counting() {
+        // w1 r2 r1 w3 w3 r1: the reads of 1 find it written (distance 2,
+        // then 2 again: 3 and 1 since); rewriting 3 is no re-read.
+        let trace = [
+            Access::Touch(1),
+            Access::Counted(2),
+            Access::Counted(1),
+            Access::Touch(3),
+            Access::Touch(3),
+            Access::Counted(1),
+        ];
+        let profile = ReuseProfile::from_accesses(trace, 4096);
+        assert_eq!(profile.accesses, 3);
+        assert_eq!(profile.cold_misses, 1);
+        assert_eq!(profile.distinct_blocks(), 3);
+        assert_eq!(profile.hits(1), 0);
+        assert_eq!(profile.hits(2), 2);
+        assert_eq!(profile.max_hit_ratio(), 2.0 / 3.0);
+        // Counted, the same trace would be mostly re-accesses of 1 and 3.
+        let all = ReuseProfile::from_trace([1, 2, 1, 3, 3, 1], 4096);
+        assert_eq!(all.max_hit_ratio(), 0.5);
+        assert_eq!(all.hits(1), 1);
+
+        // And on random mixes, against a simulated LRU.
+        let mut rng = XorShift(0x51_7cc1_b727_220a);
+        for round in 0..40u64 {
+            let universe = 1 + rng.next() % 40;
+            let trace: Vec<Access> = (0..rng.next() % 300)
+                .map(|_| {
+                    let block = rng.next() % universe;
+                    if rng.next().is_multiple_of(2) {
+                        Access::Touch(block)
+                    } else {
+                        Access::Counted(block)
+                    }
+                })
+                .collect();
+            let profile = ReuseProfile::from_accesses(trace.iter().copied(), 512);
+            for capacity in 0..=universe as usize + 1 {
+                assert_eq!(
+                    profile.hits(capacity as u64),
+                    simulate_lru_accesses(&trace, capacity),
+                    "round {round}, capacity {capacity}, trace {trace:?}"
+                );
             }
         }
     }
