@@ -349,11 +349,9 @@ pub fn report_from_layers(
 /// The virtual disk's block trace in the window, reads and writes in time
 /// order.
 pub fn virtual_disk_blocks(window: Window, records: &[IoRecord], block_bytes: u64) -> Vec<u64> {
-    virtual_disk_reads(window, records, block_bytes)
+    virtual_disk_accesses(window, records, block_bytes)
         .into_iter()
-        .map(|access| match access {
-            Access::Counted(block) | Access::Touch(block) => block,
-        })
+        .map(Access::block)
         .collect()
 }
 
@@ -362,7 +360,11 @@ pub fn virtual_disk_blocks(window: Window, records: &[IoRecord], block_bytes: u6
 /// only touching their blocks. Counted too, a file system's rewrites of
 /// the same blocks (inode tables and bitmaps, at every file write) would
 /// read as data read again at short distances.
-pub fn virtual_disk_reads(window: Window, records: &[IoRecord], block_bytes: u64) -> Vec<Access> {
+pub fn virtual_disk_accesses(
+    window: Window,
+    records: &[IoRecord],
+    block_bytes: u64,
+) -> Vec<Access> {
     let mut requests: Vec<&IoRecord> = records
         .iter()
         .filter(|r| in_layer(window, r, Layer::VirtualDisk))
@@ -720,7 +722,7 @@ mod tests {
             read(Layer::Application, 1_100, 0, 4 * KIB),
         ];
         assert_eq!(
-            virtual_disk_reads(WINDOW, &records, BLOCK),
+            virtual_disk_accesses(WINDOW, &records, BLOCK),
             [Access::Touch(0), Access::Touch(1), Access::Counted(1)]
         );
     }

@@ -44,6 +44,20 @@ pub enum Access {
     Touch(u64),
 }
 
+impl Access {
+    /// The block accessed.
+    pub fn block(self) -> u64 {
+        match self {
+            Access::Counted(block) | Access::Touch(block) => block,
+        }
+    }
+
+    /// Whether the access counts as a hit or a miss.
+    pub fn is_counted(self) -> bool {
+        matches!(self, Access::Counted(_))
+    }
+}
+
 /// One point of a miss-ratio curve.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct CurvePoint {
@@ -70,10 +84,7 @@ impl ReuseProfile {
         let mut distances: Vec<u64> = vec![0];
         let (mut accesses, mut cold_misses) = (0, 0);
         for (now, access) in trace.iter().enumerate() {
-            let (block, counted) = match *access {
-                Access::Counted(block) => (block, true),
-                Access::Touch(block) => (block, false),
-            };
+            let (block, counted) = (access.block(), access.is_counted());
             accesses += u64::from(counted);
             match last_seen.insert(block, now) {
                 Some(previous) => {
@@ -227,21 +238,13 @@ impl Fenwick {
 mod tests {
     use super::*;
 
-    /// Hits of an LRU cache of `capacity` blocks, simulated directly.
-    fn simulate_lru(trace: &[u64], capacity: usize) -> u64 {
-        let accesses: Vec<Access> = trace.iter().map(|&b| Access::Counted(b)).collect();
-        simulate_lru_accesses(&accesses, capacity)
-    }
-
-    /// The same, where a touch moves its block up without counting.
-    fn simulate_lru_accesses(trace: &[Access], capacity: usize) -> u64 {
+    /// Hits of an LRU cache of `capacity` blocks, simulated directly; a
+    /// touch moves its block up without counting.
+    fn simulate_lru(trace: &[Access], capacity: usize) -> u64 {
         let mut stack: Vec<u64> = Vec::new(); // most recent last
         let mut hits = 0;
         for access in trace {
-            let (block, counted) = match *access {
-                Access::Counted(b) => (b, true),
-                Access::Touch(b) => (b, false),
-            };
+            let (block, counted) = (access.block(), access.is_counted());
             if let Some(at) = stack.iter().position(|&b| b == block) {
                 hits += u64::from(counted);
                 stack.remove(at);
@@ -253,6 +256,18 @@ mod tests {
             }
         }
         hits
+    }
+
+    /// The profile's hits at every cache size up to past the universe
+    /// are the simulated LRU's.
+    fn assert_hits_match_lru(profile: &ReuseProfile, trace: &[Access], universe: u64, round: u64) {
+        for capacity in 0..=universe as usize + 1 {
+            assert_eq!(
+                profile.hits(capacity as u64),
+                simulate_lru(trace, capacity),
+                "round {round}, capacity {capacity}, trace {trace:?}"
+            );
+        }
     }
 
     /// A small deterministic generator (xorshift64*), so the tests need no
@@ -307,13 +322,8 @@ mod tests {
                 })
                 .collect();
             let profile = ReuseProfile::from_trace(trace.iter().copied(), 512);
-            for capacity in 0..=universe as usize + 1 {
-                assert_eq!(
-                    profile.hits(capacity as u64),
-                    simulate_lru(&trace, capacity),
-                    "round {round}, capacity {capacity}, trace {trace:?}"
-                );
-            }
+            let counted: Vec<Access> = trace.iter().copied().map(Access::Counted).collect();
+            assert_hits_match_lru(&profile, &counted, universe, round);
             // The working set reaches its target, and one block less does not.
             let target = profile.max_hit_ratio() * 0.8;
             if let Some(ws) = profile.working_set(target) {
@@ -364,13 +374,7 @@ mod tests {
                 })
                 .collect();
             let profile = ReuseProfile::from_accesses(trace.iter().copied(), 512);
-            for capacity in 0..=universe as usize + 1 {
-                assert_eq!(
-                    profile.hits(capacity as u64),
-                    simulate_lru_accesses(&trace, capacity),
-                    "round {round}, capacity {capacity}, trace {trace:?}"
-                );
-            }
+            assert_hits_match_lru(&profile, &trace, universe, round);
         }
     }
 

@@ -216,8 +216,8 @@ pub fn advise(
     };
     let io_records: Vec<layers::IoRecord> = records.iter().filter_map(|r| r.io_record()).collect();
     // The working set is that of the data read again: writes keep their
-    // blocks cached but are no re-reads ([`layers::virtual_disk_reads`]).
-    let reads = layers::virtual_disk_reads(window, &io_records, PROFILE_BLOCK_BYTES);
+    // blocks cached but are no re-reads ([`layers::virtual_disk_accesses`]).
+    let reads = layers::virtual_disk_accesses(window, &io_records, PROFILE_BLOCK_BYTES);
     let profile = ReuseProfile::from_accesses(reads, PROFILE_BLOCK_BYTES);
     let shape = window_facts(report.seconds, &records);
     let advice = advisor::advise(&report.layers, &profile, source, &facts, &shape);
