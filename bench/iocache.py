@@ -512,16 +512,16 @@ def advice_reasons(a):
     share, the window's read costs and the two configurations' predicted
     read times."""
     adv, costs = a["advice"], a["window"]["read_costs"]
-    ms = lambda ns: "-" if ns is None else "%.2f ms" % (ns / 1e6)  # noqa: E731
-    line = "working set %d MiB (%s), host share %d MiB; reads: %d host hits at %s, %d misses " \
-        "at %s" % (adv["working_set_bytes"] // MIB, adv["working_set_method"],
-                   a["facts"]["host_cache_share_bytes"] // MIB, costs["host_hits"],
-                   ms(costs["host_hit_ns"]), costs["host_misses"], ms(costs["host_miss_ns"]))
+    line = "working set %d MiB (%s), host share %d MiB; reads: %d host hits at %s ms, %d " \
+        "misses at %s ms" % (
+            adv["working_set_bytes"] // MIB, adv["working_set_method"],
+            a["facts"]["host_cache_share_bytes"] // MIB, costs["host_hits"],
+            fmt_ms(costs["host_hit_ns"]), costs["host_misses"], fmt_ms(costs["host_miss_ns"]))
     p = adv.get("predicted")
     if p:
-        line += "; predicted read: buffered %d MiB %s, direct %d MiB %s" % (
-            p["buffered_guest_bytes"] // MIB, ms(p["buffered_read_ns"]),
-            p["direct_guest_bytes"] // MIB, ms(p["direct_read_ns"]))
+        line += "; predicted read: buffered %d MiB %s ms, direct %d MiB %s ms" % (
+            p["buffered_guest_bytes"] // MIB, fmt_ms(p["buffered_read_ns"]),
+            p["direct_guest_bytes"] // MIB, fmt_ms(p["direct_read_ns"]))
     return line
 
 
