@@ -361,15 +361,20 @@ def dd_result(out, size_mib):
 # -------------------------------------------------------------- tracing ----
 
 class Tracer:
-    """`ctl iotrace` on the first guest's data disk, naming its shell (the
-    workload's parent, whose /proc/PID/io counts it once reaped) to the
-    guest agent when this hakoniwa can."""
+    """`ctl iotrace` on the first guest's data disk, naming the workload to
+    the guest agent when this hakoniwa can: fio's processes (`--comm fio`)
+    while they run, which is when the advisor asks, and the shell that
+    starts them (`--pid`), whose /proc/PID/io counts them once reaped,
+    which is when a cell's report is taken. The two never count the same
+    bytes: fio's processes are gone by the time the shell has their I/O."""
 
     def __init__(self, args, guest):
         self.args, self.guest = args, guest
-        self.app = "--pid" in subprocess.run(
+        usage = subprocess.run(
             [args.hakoniwa, "ctl", "--api-socket", "x", "iotrace", "--help"],
             capture_output=True, text=True).stdout
+        self.app = "--pid" in usage
+        self.comm = "--comm" in usage
 
     def start(self, guest=None):
         g = guest or self.guest
@@ -378,6 +383,8 @@ class Tracer:
         cmd = ["iotrace", "start", "--disk", "data", "--guest-dev", "none"]
         if self.app and g.shell_pid:
             cmd += ["--pid", str(g.shell_pid)]
+        if self.comm:
+            cmd += ["--comm", "fio"]
         hk_ctl(self.args.hakoniwa, g.sock, *cmd)
 
     def stop(self, guest=None):
