@@ -519,9 +519,11 @@ def advice_reasons(a):
     share, the window's read costs and the two configurations' predicted
     read times."""
     adv, costs = a["advice"], a["window"]["read_costs"]
-    line = "working set %d MiB (%s), host share %d MiB; reads: %d host hits at %s ms, %d " \
-        "misses at %s ms" % (
+    hit = a.get("guest_hit_ratio")
+    line = "working set %d MiB (%s), guest hit ratio %s, host share %d MiB; reads: %d host " \
+        "hits at %s ms, %d misses at %s ms" % (
             adv["working_set_bytes"] // MIB, adv["working_set_method"],
+            "unknown" if hit is None else "%.0f %%" % (hit * 100),
             a["facts"]["host_cache_share_bytes"] // MIB, costs["host_hits"],
             fmt_ms(costs["host_hit_ns"]), costs["host_misses"], fmt_ms(costs["host_miss_ns"]))
     p = adv.get("predicted")

@@ -23,7 +23,8 @@
 //!   again, 16 MiB at the application layer, ~0 at the disk (guest hit
 //!   ratio ~1); after drop_caches in the guest, the hit ratio falls to ~0;
 //! - `ctl advise` on the window after the drop (16 MiB read once): a
-//!   stream, direct I/O advised, the guest's memory from its agent;
+//!   stream, direct I/O advised, the guest's memory from its agent, the
+//!   guest hit ratio it weighed ~0 and its application layer the shell;
 //!   `--apply` refused with one line (this VM has no balloon), and advise
 //!   refused once the disk is no longer traced;
 //! - a live process with an O_DIRECT file open makes the report's
@@ -391,6 +392,18 @@ fn the_layers_agree_for_direct_and_buffered_reads() {
     let advice: serde_json::Value =
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(advice["guest"]["source"], "guest_agent", "{advice:#}");
+    // The shell's reaped dd is the application layer: its 16 MiB all
+    // missed the dropped guest cache.
+    let advised_hit = advice["guest_hit_ratio"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no guest hit ratio: {advice:#}"));
+    assert!(advised_hit < 0.05, "{advice:#}");
+    assert!(
+        advice["application"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("guest processes")),
+        "{advice:#}"
+    );
     assert_eq!(advice["advice"]["regime"], "streaming", "{advice:#}");
     assert_eq!(
         advice["advice"]["guest_io"]["recommended"], "direct",

@@ -154,6 +154,14 @@ pub struct AdviceReport {
     pub distinct_blocks: u64,
     pub reuse_ratio: f64,
     pub profile_source: ProfileSource,
+    /// The guest cache's hit ratio in the window (application reads
+    /// against virtual-disk reads), which sizes a buffered guest's
+    /// working set; none without an application layer.
+    #[serde(default)]
+    pub guest_hit_ratio: Option<f64>,
+    /// Whose I/O the application layer is, or why it is absent.
+    #[serde(default)]
+    pub application: String,
     /// The window's shape and what its reads cost.
     pub window: WindowFacts,
     pub guest: GuestMemory,
@@ -238,6 +246,8 @@ pub fn advise(
         distinct_blocks: profile.distinct_blocks(),
         reuse_ratio: profile.max_hit_ratio(),
         profile_source: source,
+        guest_hit_ratio: report.layers.guest_cache.hit_ratio,
+        application: report.application,
         window: shape,
         guest,
         facts,
@@ -474,12 +484,15 @@ pub fn render(report: &AdviceReport) -> String {
     let _ = writeln!(
         out,
         "advice for disk {} from {:.1}s traced: {} requests, {} distinct 4 KiB blocks, {:.0} % \
-         re-reads",
+         re-reads; guest hit ratio {}",
         report.disk,
         report.window_seconds,
         report.requests,
         report.distinct_blocks,
-        report.reuse_ratio * 100.0
+        report.reuse_ratio * 100.0,
+        report
+            .guest_hit_ratio
+            .map_or_else(|| "unknown".to_string(), |h| format!("{:.0} %", h * 100.0))
     );
     let _ = writeln!(
         out,
