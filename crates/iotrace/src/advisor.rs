@@ -1068,6 +1068,30 @@ mod tests {
         }
     }
 
+    /// One of the bench's 512 MiB guests in the rig, buffered: what it
+    /// cached, its own memory and its share of the host's cache.
+    fn rig_vm(cached_mib: u64, own_mib: u64, host_share_mib: u64) -> VmFacts {
+        let mut facts = paper_vm(512 * MIB);
+        facts.max_guest_memory_bytes = 512 * MIB;
+        facts.guest_cache_bytes = cached_mib * MIB;
+        facts.guest_non_cache_bytes = own_mib * MIB;
+        facts.host_cache_share_bytes = host_share_mib * MIB;
+        facts
+    }
+
+    /// `misses` 16 KiB reads spread over `data_set` bytes, none repeated:
+    /// what a buffered guest's random misses look like at its disk.
+    fn spread_misses(misses: u64, data_set: u64) -> ReuseProfile {
+        let blocks = data_set / 4096;
+        ReuseProfile::from_trace(
+            (0..misses).flat_map(move |i| {
+                let first = i * 1543 % blocks;
+                first..first + 4
+            }),
+            4096,
+        )
+    }
+
     #[test]
     fn a_short_window_behind_a_big_guest_cache_is_not_a_stream() {
         // The bench's 512 MiB try: a 512 MiB guest caching 383 MiB of a
@@ -1167,18 +1191,8 @@ mod tests {
         // The bench's 512 MiB guest over 1024 MiB of data (2026-11-28):
         // 356 MiB cached, its hit ratio unknown, 171 random 16 KiB misses
         // in 63 s, none repeated.
-        let mut facts = paper_vm(512 * MIB);
-        facts.max_guest_memory_bytes = 512 * MIB;
-        facts.guest_cache_bytes = 356 * MIB;
-        facts.guest_non_cache_bytes = 124 * MIB;
-        facts.host_cache_share_bytes = 269 * MIB;
-        let profile = ReuseProfile::from_trace(
-            (0..171u64).flat_map(|i| {
-                let first = i * 1543 % 262_144;
-                first..first + 4
-            }),
-            4096,
-        );
+        let facts = rig_vm(356, 124, 269);
+        let profile = spread_misses(171, 1024 * MIB);
         assert_eq!(profile.max_hit_ratio(), 0.0);
         let advice = advise(
             &empty_report(),
@@ -1222,18 +1236,8 @@ mod tests {
         // The model's largest guest cache (197 MiB) holds no 452 MiB
         // working set; shrunk to 192 MiB with direct I/O they went from
         // 77 to 30 ops/s (two rounds, 0.41x and 0.36x).
-        let mut facts = paper_vm(512 * MIB);
-        facts.max_guest_memory_bytes = 512 * MIB;
-        facts.guest_cache_bytes = 380 * MIB;
-        facts.guest_non_cache_bytes = 118 * MIB;
-        facts.host_cache_share_bytes = 270 * MIB;
-        let profile = ReuseProfile::from_trace(
-            (0..110u64).flat_map(|i| {
-                let first = i * 1543 % 98_304;
-                first..first + 4
-            }),
-            4096,
-        );
+        let facts = rig_vm(380, 118, 270);
+        let profile = spread_misses(110, 384 * MIB);
         let with_hit = |hit: f64| {
             let mut report = empty_report();
             report.guest_cache.hit_ratio = Some(hit);
