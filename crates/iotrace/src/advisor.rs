@@ -377,8 +377,9 @@ pub fn advise(
         )
     });
     // Behind a buffered guest, its hit ratio measures what a guest cache
-    // serves here; a larger guest would serve more.
-    let guest_serves = (source == ProfileSource::BehindGuestCache)
+    // serves here (a larger guest would serve more); it decides only where
+    // no measured read costs weigh the two guests.
+    let guest_serves = (source == ProfileSource::BehindGuestCache && predicted.is_none())
         .then_some(report.guest_cache.hit_ratio)
         .flatten()
         .filter(|&hit| hit >= GUEST_CACHE_PAYS);
@@ -390,7 +391,7 @@ pub fn advise(
     let weighed = weighed.unwrap_or_default();
     let holds = match (regime, guest_serves) {
         (Regime::FitsGuestCache, _) => format!("{} MiB would hold it", mib(sized_guest)),
-        (_, Some(hit)) if predicted.is_none() => format!(
+        (_, Some(hit)) => format!(
             "no guest the host can give holds it by that model, but this guest's cache served \
              {:.0} % of the reads (at least {:.0} %): direct I/O would send every one of them \
              to the host, each a request's round trip even where the host cache holds it",
@@ -741,7 +742,8 @@ fn mib(bytes: u64) -> u64 {
     (bytes + MIB / 2) / MIB
 }
 
-fn percent(ratio: Option<f64>) -> String {
+/// A ratio as the explanations print it: whole percent, or "unknown".
+pub fn percent(ratio: Option<f64>) -> String {
     ratio.map_or("unknown".to_string(), |r| format!("{:.0} %", r * 100.0))
 }
 

@@ -490,9 +490,7 @@ pub fn render(report: &AdviceReport) -> String {
         report.requests,
         report.distinct_blocks,
         report.reuse_ratio * 100.0,
-        report
-            .guest_hit_ratio
-            .map_or_else(|| "unknown".to_string(), |h| format!("{:.0} %", h * 100.0))
+        advisor::percent(report.guest_hit_ratio)
     );
     let _ = writeln!(
         out,
