@@ -531,6 +531,8 @@ def advice_reasons(a):
         line += "; predicted read: buffered %d MiB %s ms, direct %d MiB %s ms" % (
             p["buffered_guest_bytes"] // MIB, fmt_ms(p["buffered_read_ns"]),
             p["direct_guest_bytes"] // MIB, fmt_ms(p["direct_read_ns"]))
+        if p.get("switch_pays_back_seconds") is not None:
+            line += "; the switch repays after %.0f s" % p["switch_pays_back_seconds"]
     return line
 
 
