@@ -255,6 +255,33 @@ def on_all(guests, command, timeout):
 
 # ------------------------------------------------------------ workloads ----
 
+def host_memory(guests):
+    """Where the host's memory is as a cell ends (MiB): each VMM's resident
+    set (its guest's RAM as far as the guest touched it and the balloon did
+    not take it back), the page cache every VM's data disk shares, and what is
+    free. The advisor's direct-I/O advice counts on memory a guest gives
+    back becoming host cache; this is where a run shows whether it did."""
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            info[key] = int(value.split()[0]) // 1024
+    vmm_rss = []
+    for g in guests:
+        try:
+            with open("/proc/%d/status" % g.vm.proc.pid) as f:
+                rss = next(int(line.split()[1]) // 1024 for line in f
+                           if line.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            rss = None
+        vmm_rss.append(rss)
+    # The data disks are block devices (dm-delay) the VMMs open: their
+    # page cache counts as Buffers, not Cached (files: the guests' swap).
+    return {"free_mib": info["MemFree"], "disk_cache_mib": info["Buffers"],
+            "file_cache_mib": info["Cached"], "anon_mib": info["AnonPages"],
+            "vmm_rss_mib": vmm_rss}
+
+
 def ffsb_files(size_mib):
     return size_mib * 1024 // 64
 
@@ -455,6 +482,7 @@ def ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=True, tag=N
         during()
     outs = [g.wait(token, (args.seconds + args.ramp) * 4 + 300) for g, token in tokens]
     wall = time.monotonic() - t0
+    memory = host_memory(guests)
     cpu = [g.cpu_seconds() - c for g, c in zip(guests, cpu0)]
     report = None
     if trace:
@@ -466,19 +494,26 @@ def ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=True, tag=N
     per_vm = [ffsb_result(o) for o in outs]
     rec = {"bench": "ffsb", "mem": mem_label, "mem_mib": guests[0].mem_mib, "size_mib": size,
            "io": io, "swap": swap, "tag": tag, "traced": trace, "per_vm": per_vm,
-           "wall_s": wall, "vmm_cpu_s": cpu, "ok": all(per_vm) and not trace_error}
+           "wall_s": wall, "vmm_cpu_s": cpu, "host_memory": memory,
+           "ok": all(per_vm) and not trace_error}
     if trace_error:
         rec["error"] = "tracing: %s" % trace_error
     if rec["ok"]:
         rec["ops_s"] = sum(v["ops_s"] for v in per_vm) / len(per_vm)
-        print("    %.1f ops/s per VM (%s)" % (rec["ops_s"], ", ".join(
-            "%.0f" % v["ops_s"] for v in per_vm)), flush=True)
+        print("    %.1f ops/s per VM (%s); host: disks' cache %d MiB, VMMs resident %s MiB, "
+              "free %d MiB" % (rec["ops_s"], ", ".join("%.0f" % v["ops_s"] for v in per_vm),
+                               memory["disk_cache_mib"],
+                               ", ".join(map(str, memory["vmm_rss_mib"])), memory["free_mib"]),
+              flush=True)
     else:
         rec["error"] = "; ".join("vm%d: %s" % (i, (FAILED_RE.search(o) or [None, "no report"])[1])
                                  for i, (v, o) in enumerate(zip(per_vm, outs)) if not v)
         print("    failed: %s" % rec["error"], flush=True)
     if report:
         rec["trace"] = layer_summary(report)
+        print("    first VM: guest hit ratio %s, host hit ratio %s" % (
+            fmt_opt(rec["trace"]["guest_hit_ratio"]), fmt_opt(rec["trace"]["host_hit_ratio"])),
+            flush=True)
         rec["trace"]["fio_per_op"] = per_op_from_fio(rec["trace"], per_vm[0])
         rec["trace_report"] = report
     return rec
@@ -580,8 +615,11 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
     # the balloon does not move under the cell it compares against.
     before = ffsb_cell(args, guests, tracer, mem_label, size, start_io, start_swap,
                        trace=False, tag="advisor-start", during=ask)
-    for g in guests:
-        tracer.stop(g)
+    reports = [tracer.stop(g) for g in guests]
+    if args.advisor_parts:
+        # As the later rounds' cells with --advisor-parts: the first
+        # guest's layers.
+        before["trace"] = layer_summary(reports[0])
     a0 = advice[0] if advice else {"error": "no advice"}
     if "error" in a0:
         return {"bench": "advisor", "mem": mem_label, "size_mib": size, "before": before,
@@ -601,22 +639,34 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
             a["advice"]["guest_swap"]["recommended"]), flush=True)
         print("      %s" % advice_reasons(a), flush=True)
     rounds = []
+    parts = args.advisor_parts
     for r in range(args.advisor_rounds):
         if r > 0:
             start_balloons = configure(args, guests, disks, size, start_targets, start_swap)
             before = advisor_cell(args, guests, tracer, mem_label, size, start_io, start_swap,
-                                  "advisor-start")
+                                  "advisor-start", trace=parts)
         balloons = configure(args, guests, disks, size, targets, swap)
         print("    balloon %s MiB: guests' MemTotal %s MiB" % (
             ", ".join(map(str, targets)),
             ", ".join(str(b["total_mib"]) for b in balloons)), flush=True)
         after = advisor_cell(args, guests, tracer, mem_label, size, io, swap,
-                             "advisor-advised")
+                             "advisor-advised", trace=parts)
         ok = before["ok"] and after["ok"]
         gain = after["ops_s"] / before["ops_s"] if ok and before["ops_s"] else None
         print("    round %d: %s" % (r, "%.2fx" % gain if gain else "failed"), flush=True)
         rounds.append({"before": before, "after": after, "start_balloons": start_balloons,
                        "balloons": balloons, "ok": ok, "gain": gain})
+        if parts:
+            # The advice without its memory: which part of the gain is
+            # the I/O mode's and swap's, which the memory's.
+            configure(args, guests, disks, size, start_targets, swap)
+            io_only = advisor_cell(args, guests, tracer, mem_label, size, io, swap,
+                                   "advisor-io-only", trace=True)
+            rounds[-1]["io_only"] = io_only
+            if io_only["ok"] and before["ok"]:
+                rounds[-1]["io_only_gain"] = io_only["ops_s"] / before["ops_s"]
+                print("    round %d, I/O mode and swap alone: %.2fx" % (
+                    r, rounds[-1]["io_only_gain"]), flush=True)
     for g in guests:
         g.ctl("balloon", "--target", "0")
     wait_balloon(args, guests, [0] * len(guests))
@@ -633,13 +683,13 @@ def advised_runs(args, guests, disks, tracer, mem_label, size, start_io, start_s
         "gain": statistics.median(gains) if gains else None}
 
 
-def advisor_cell(args, guests, tracer, mem_label, size, io, swap, tag):
-    """One untraced cell of the advisor's rounds. A cell that did not finish
-    (a guest thrashing, its OOM killer taking fio or the shell) is this
-    round's failure, not the boot's: it is interrupted and the boot goes
-    on."""
+def advisor_cell(args, guests, tracer, mem_label, size, io, swap, tag, trace=False):
+    """One cell of the advisor's rounds (the first guest traced if TRACE). A
+    cell that did not finish (a guest thrashing, its OOM killer taking fio
+    or the shell) is this round's failure, not the boot's: it is
+    interrupted and the boot goes on."""
     try:
-        return ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=False,
+        return ffsb_cell(args, guests, tracer, mem_label, size, io, swap, trace=trace,
                          tag=tag)
     except RuntimeError as e:
         print("    failed: %s" % str(e)[-300:], flush=True)
@@ -1047,6 +1097,11 @@ def write_md(args, env, results, path, drew):
                   "its own settled caches; the gain is the median of the rounds' "
                   "advised/start ratios.", "", md_table(arows), ""]
         for a in adv:
+            parts = [r["io_only_gain"] for r in advisor_rounds(a) if r.get("io_only_gain")]
+            if parts:
+                lines.append("- %d MiB, the advised I/O mode and swap without the advised "
+                             "memory (--advisor-parts): %s" % (a["size_mib"], ", ".join(
+                                 "%.2fx" % g for g in parts)))
             first = (a.get("advice") or [{}])[0]
             window = first.get("window", {})
             costs = window.get("read_costs", {})
@@ -1109,6 +1164,10 @@ def main():
                    default=["small-data", "large-data"],
                    help="the advisor's runs: from a small direct guest at the smallest data "
                    "set, from a large buffered one at the largest")
+    p.add_argument("--advisor-parts", action="store_true",
+                   help="in each advisor round, also the advised I/O mode and swap without "
+                   "the advised memory, and every round's cells traced on the first guest "
+                   "(which part of the gain is whose)")
     p.add_argument("--only-advisors", action="store_true",
                    help="the advisor's runs alone: no table 5 cells, tracer pairs, Postmark "
                    "or dd (a check of the advisor; write it apart from bench/results)")
